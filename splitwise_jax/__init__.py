@@ -1,0 +1,1 @@
+"""splitwise_jax: a differentiable analytical model of Splitwise LLM inference clusters."""
