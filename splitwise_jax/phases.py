@@ -1,0 +1,156 @@
+"""Phase latency and power: prompt (prefill), token (decode) and mixed iterations.
+
+One model covers all three: an iteration's time at full clock is
+
+    t = roofline_p( t_compute, t_memory ) + t_comm + t_fixed
+
+    t_compute = FLOPs / (tp x peak x eff(new tokens))
+    FLOPs     = 2 N_params x new_tokens + 2 L d sum(s^2) [causal prompt attention]
+                + 4 L d sum(c) [decode attention over contexts c]
+    eff(n)    = mfu_max x n / (n + n_half) / (1 + (n / knee)^knee_exp)
+    t_memory  = weights_per_gpu / (bw x bw_eff) + KV_read_per_gpu / (bw x kv_bw_eff)
+                + KV_written_per_gpu / (bw x bw_eff)
+    t_comm    = 2 L [allreduce latency + 2 (tp-1)/tp x new_tokens x d x 2 B / (nvlink x link_eff)]
+    t_fixed   = t_iter + L t_layer + prompts x t_prompt_seq + decodes x t_decode_seq
+
+A power cap lowers the clock (see power.py) when the iteration's power demand exceeds
+it: compute, fixed costs and communication stretch by 1/clock, memory time by
+(1/clock)^mem_clock_sensitivity. Decode demand sits below a 70% cap, so decode is
+unchanged while prompts slow (Splitwise insight VII).
+
+All functions take calibration parameters first and are pure: jit, vmap and grad them.
+
+References:
+    Roofline: Williams et al., CACM 2009. Transformer FLOPs: Kaplan et al. 2020,
+    arXiv 2001.08361 (2N per token) plus attention. Splitwise §III (insights III-VII).
+    docs/model.md lists every equation with units.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos
+from splitwise_jax.batch import Batch
+from splitwise_jax.hardware import Machine
+from splitwise_jax.llm import LLM
+from splitwise_jax.memory import kv_bytes_per_token, weights_bytes_per_gpu
+from splitwise_jax.params import PhaseParams
+from splitwise_jax import power as _power
+
+_ACT_BYTES = 2.0  # fp16 activations in all-reduce
+
+
+class IterationBreakdown(NamedTuple):
+    """Time components of one iteration at full clock (seconds) and its outcome."""
+
+    compute_s: jnp.ndarray
+    memory_s: jnp.ndarray
+    comm_s: jnp.ndarray
+    fixed_s: jnp.ndarray
+    clock: jnp.ndarray
+    latency_s: jnp.ndarray
+    demand_w: jnp.ndarray
+    power_w: jnp.ndarray
+
+
+def gemm_efficiency(params: PhaseParams, new_tokens):
+    """Fraction of peak FLOP/s reached with `new_tokens` rows in the GEMMs."""
+    n = jnp.maximum(new_tokens, 1e-6)
+    rise = n / (n + params.n_half_tokens)
+    fall = 1.0 + safe_pow(n / params.knee_tokens, params.knee_exp)
+    return params.mfu_max * rise / fall
+
+
+def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, tp: int | None = None,
+              cap_frac=1.0) -> IterationBreakdown:
+    """Latency and power of one iteration of a model instance.
+
+    Args:
+        params: calibration parameters.
+        machine: the machine (its GPUs run one instance at tensor parallel `tp`).
+        llm: the model.
+        batch: what the iteration processes.
+        tp: tensor-parallel degree (static int); default all GPUs of the machine.
+        cap_frac: power cap as a fraction of TDP, in [min_cap/TDP, 1].
+
+    Returns:
+        IterationBreakdown; `latency_s` is the iteration time (s), `power_w` the
+        per-GPU draw (W).
+    """
+    tp = machine.gpus_per_machine if tp is None else tp
+    gpu = machine.gpu
+    L, d = llm.n_layers, llm.d_model
+    new = batch.new_tokens
+    flops = (2.0 * llm.n_params * new
+             + 2.0 * L * d * jnp.asarray(batch.prompt_sq_tokens)
+             + 4.0 * L * d * jnp.asarray(batch.decode_ctx_tokens))
+    compute = safe_div(flops, tp * gpu.peak_flops_per_s * gemm_efficiency(params, new))
+
+    kv_tok = kv_bytes_per_token(llm)
+    bw = gpu.hbm_bw_bytes_per_s
+    memory = (weights_bytes_per_gpu(llm, tp) / (bw * params.bw_eff)
+              + jnp.asarray(batch.decode_ctx_tokens) * kv_tok / tp / (bw * params.kv_bw_eff)
+              + new * kv_tok / tp / (bw * params.bw_eff))
+
+    ring = 2.0 * (tp - 1) / tp
+    comm = (2.0 * L * (params.allreduce_latency_s
+                       + ring * new * d * _ACT_BYTES / (machine.nvlink_bytes_per_s * params.link_eff))
+            if tp > 1 else jnp.zeros_like(new))
+    fixed = (params.t_iter_s + L * params.t_layer_s
+             + jnp.asarray(batch.prompt_seqs) * params.t_prompt_seq_s
+             + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s)
+
+    core = smooth_max_pos(compute, memory, params.roofline_p)
+    full_clock = core + comm + fixed
+    u_compute = compute / full_clock
+    u_memory = memory / full_clock
+    demand = _power.power_demand_w(params, gpu, u_compute, u_memory)
+    clock = _power.clock_fraction(params, gpu, demand, cap_frac)
+    stretch = 1.0 / clock
+    latency = (smooth_max_pos(compute * stretch, memory * safe_pow(stretch, params.mem_clock_sensitivity),
+                              params.roofline_p)
+               + (comm + fixed) * stretch)
+    power = _power.capped_power_w(gpu, demand, cap_frac)
+    return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power)
+
+
+def prompt_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_size, batch_size=1.0, *,
+                     tp: int | None = None, cap_frac=1.0):
+    """Time of one prompt iteration over `batch_size` prompts of `prompt_size` tokens (s)."""
+    return iteration(params, machine, llm, Batch.prompts(prompt_size, batch_size), tp=tp,
+                     cap_frac=cap_frac).latency_s
+
+
+def token_latency_s(params: PhaseParams, machine: Machine, llm: LLM, batch_size, context_tokens, *,
+                    tp: int | None = None, cap_frac=1.0):
+    """Time of one decode iteration of `batch_size` sequences at mean context `context_tokens` (s)."""
+    return iteration(params, machine, llm, Batch.decode(batch_size, context_tokens), tp=tp,
+                     cap_frac=cap_frac).latency_s
+
+
+def mean_token_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_size, batch_size,
+                         token_size, *, tp: int | None = None, cap_frac=1.0):
+    """Mean decode-iteration time while generating `token_size` tokens after a prompt (s).
+
+    This is the profiles' `token_time`: the batch's context grows from prompt_size to
+    prompt_size + token_size; decode time is affine in context, so the mean equals the
+    time at the mean context prompt_size + token_size / 2.
+    """
+    ctx = jnp.asarray(prompt_size, dtype=float) + 0.5 * jnp.asarray(token_size, dtype=float)
+    return token_latency_s(params, machine, llm, batch_size, ctx, tp=tp, cap_frac=cap_frac)
+
+
+def mixed_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_tokens, prompt_seqs,
+                    prompt_sq_tokens, decode_seqs, decode_ctx_tokens, *, tp: int | None = None, cap_frac=1.0):
+    """Time of one iteration that batches prompts and decode tokens together (s)."""
+    batch = Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens, decode_seqs, decode_ctx_tokens)
+    return iteration(params, machine, llm, batch, tp=tp, cap_frac=cap_frac).latency_s
+
+
+def iteration_power_w(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, tp: int | None = None,
+                      cap_frac=1.0):
+    """Per-GPU power draw during an iteration (W)."""
+    return iteration(params, machine, llm, batch, tp=tp, cap_frac=cap_frac).power_w
