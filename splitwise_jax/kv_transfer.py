@@ -19,9 +19,10 @@ References:
 from __future__ import annotations
 
 from splitwise_jax._smooth import softplus
+from splitwise_jax._validate import check_positive
 from splitwise_jax.hardware import Machine
 from splitwise_jax.llm import LLM
-from splitwise_jax.memory import kv_bytes_per_token
+from splitwise_jax.memory import kv_bytes_per_token, resolve_tp
 from splitwise_jax.params import PhaseParams
 
 # Softplus temperature (s) on the non-overlapped excess; 1 ms keeps the corner smooth
@@ -31,18 +32,23 @@ _EXCESS_TEMPERATURE_S = 1e-3
 
 def kv_transfer_bandwidth(params: PhaseParams, src: Machine, dst: Machine, tp: int | None = None):
     """Bytes/s available to one transfer: the slower endpoint's links, all GPUs at once."""
-    tp = src.gpus_per_machine if tp is None else tp
+    tp = resolve_tp(src, tp)
     link = (src.ib_bytes_per_s + dst.ib_bytes_per_s - abs(src.ib_bytes_per_s - dst.ib_bytes_per_s)) / 2.0
     return tp * link * params.kv_link_eff
 
 
 def kv_transfer_bytes(llm: LLM, prompt_tokens, ignore_gqa: bool = False):
+    """KV-cache bytes of a prompt of `prompt_tokens` tokens, whole model (bytes)."""
+    check_positive("prompt_tokens", prompt_tokens, allow_zero=True, unit="tokens")
     return prompt_tokens * kv_bytes_per_token(llm, ignore_gqa)
 
 
 def serialized_transfer_s(params: PhaseParams, src: Machine, dst: Machine, llm: LLM, prompt_tokens, *,
                           bandwidth_bytes_per_s=None, tp: int | None = None):
     """Visible time of a transfer that starts after the prompt ends (s)."""
+    check_positive("prompt_tokens", prompt_tokens, unit="tokens")
+    if bandwidth_bytes_per_s is not None:
+        check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s, unit="bytes/s")
     bw = kv_transfer_bandwidth(params, src, dst, tp) if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
     return src.kv_setup_s + kv_transfer_bytes(llm, prompt_tokens) / bw
 
@@ -54,6 +60,10 @@ def layerwise_transfer_s(params: PhaseParams, src: Machine, dst: Machine, llm: L
     Args:
         prompt_s: the prompt iteration's time (s), the compute it overlaps.
     """
+    check_positive("prompt_tokens", prompt_tokens, unit="tokens")
+    check_positive("prompt_s", prompt_s, allow_zero=True, unit="s")
+    if bandwidth_bytes_per_s is not None:
+        check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s, unit="bytes/s")
     bw = kv_transfer_bandwidth(params, src, dst, tp) if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
     L = llm.n_layers
     total = kv_transfer_bytes(llm, prompt_tokens) / bw

@@ -10,12 +10,31 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
+from splitwise_jax._validate import check_positive, check_range
 from splitwise_jax.hardware import Machine
 from splitwise_jax.llm import LLM
 
 
+def resolve_tp(machine: Machine | None, tp: int | None) -> int:
+    """The tensor-parallel degree: `tp`, or all GPUs of `machine` when None.
+
+    Raises:
+        ValueError: `tp` is not an integer in [1, machine.gpus_per_machine].
+    """
+    if tp is None:
+        if machine is None:
+            raise ValueError("tp must be given (an integer >= 1) when no machine is")
+        return machine.gpus_per_machine
+    hi = machine.gpus_per_machine if machine is not None else None
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (hi is not None and tp > hi):
+        accepted = f"an integer in [1, {hi}] (GPUs of {machine.name})" if hi is not None else "an integer >= 1"
+        raise ValueError(f"tp must be {accepted}, got {tp!r}")
+    return tp
+
+
 def weights_bytes_per_gpu(llm: LLM, tp: int):
     """Model weights held by each GPU under tensor parallelism `tp` (bytes)."""
+    tp = resolve_tp(None, tp)
     return llm.weight_bytes / tp
 
 
@@ -39,7 +58,9 @@ def kv_capacity_tokens(llm: LLM, machine: Machine, tp: int | None = None, reserv
     Args:
         reserve_frac: fraction of HBM kept for activations and the framework.
     """
-    tp = machine.gpus_per_machine if tp is None else tp
+    tp = resolve_tp(machine, tp)
+    check_range("reserve_frac", reserve_frac, 0.0, 1.0, unit="(fraction of HBM)")
+    check_positive("temperature_bytes", temperature_bytes, unit="bytes")
     free = tp * machine.gpu.hbm_bytes * (1.0 - reserve_frac) - llm.weight_bytes
     return softplus(free, temperature_bytes) / kv_bytes_per_token(llm, ignore_gqa)
 
@@ -47,11 +68,12 @@ def kv_capacity_tokens(llm: LLM, machine: Machine, tp: int | None = None, reserv
 def max_batch(llm: LLM, machine: Machine, context_tokens, tp: int | None = None, reserve_frac=0.0,
               ignore_gqa: bool = False):
     """Largest decode batch whose KV cache fits, at a mean context length (tokens)."""
+    check_positive("context_tokens", context_tokens, unit="tokens")
     cap = kv_capacity_tokens(llm, machine, tp, reserve_frac, ignore_gqa)
     return cap / jnp.maximum(context_tokens, 1.0)
 
 
 def fits(llm: LLM, machine: Machine, tp: int | None = None) -> bool:
     """Whether the weights fit in the instance's HBM at all (concrete check)."""
-    tp = machine.gpus_per_machine if tp is None else tp
+    tp = resolve_tp(machine, tp)
     return float(weights_bytes_per_gpu(llm, tp)) < float(machine.gpu.hbm_bytes)

@@ -13,10 +13,15 @@ One model covers all three: an iteration's time at full clock is
     t_comm    = 2 L [allreduce latency + 2 (tp-1)/tp x new_tokens x d x 2 B / (nvlink x link_eff)]
     t_fixed   = t_iter + L t_layer + prompts x t_prompt_seq + decodes x t_decode_seq
 
-A power cap lowers the clock (see power.py) when the iteration's power demand exceeds
-it: compute, fixed costs and communication stretch by 1/clock, memory time by
-(1/clock)^mem_clock_sensitivity. Decode demand sits below a 70% cap, so decode is
-unchanged while prompts slow (Splitwise insight VII).
+A power cap lowers the clock f when the iteration's power demand exceeds it: compute,
+fixed costs and communication stretch by 1/f, memory time by (1/f)^mem_clock_sensitivity.
+The clock is the one at which the iteration's average power meets the cap, with the
+energy above idle scaling as f^(dvfs_exponent - 1) (dynamic energy per operation ~ V^2):
+
+    P(f) = idle + (TDP - idle) (a_c t_compute + a_m t_memory) f^(d-1) / t(f) = cap
+
+solved by Newton's method in log f (see `_capped_clock`). Decode demand sits below a
+70% cap on H100, so decode is unchanged while prompts slow (Splitwise insight VII).
 
 All functions take calibration parameters first and are pure: jit, vmap and grad them.
 
@@ -30,17 +35,67 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
-from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos
+from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos, smooth_min_one
+from splitwise_jax._validate import check_positive, check_range, is_concrete
 from splitwise_jax.batch import Batch
-from splitwise_jax.hardware import Machine
+from splitwise_jax.hardware import GPU, Machine
 from splitwise_jax.llm import LLM
-from splitwise_jax.memory import kv_bytes_per_token, weights_bytes_per_gpu
+from splitwise_jax.memory import kv_bytes_per_token, resolve_tp, weights_bytes_per_gpu
 from splitwise_jax.params import PhaseParams
 from splitwise_jax import power as _power
 
 _ACT_BYTES = 2.0  # fp16 activations in all-reduce
+
+# Newton steps for the capped clock. Started from the closed form that assumes every
+# time component stretches as 1/f, the residual is below 1e-9 after 3 steps and at
+# round-off after 4 over caps from the floor to TDP (tests/test_phases.py checks it);
+# unrolled steps keep jit/vmap/grad plain, and their derivative converges with them.
+_CLOCK_NEWTON_STEPS = 4
+# Same temperature as power.clock_fraction: min(f, 1) within 0.02 x log 2 ~ 1.4%.
+_CLOCK_TEMPERATURE = 0.02
+
+
+def check_cap_frac(gpu: GPU, cap_frac) -> None:
+    """Raise ValueError unless a concrete cap_frac lies in [min_cap_w / tdp_w, 1]."""
+    if not (is_concrete(cap_frac) and is_concrete(gpu)):
+        return
+    lo = float(gpu.min_cap_w) / float(gpu.tdp_w)
+    check_range("cap_frac", cap_frac, lo, 1.0,
+                unit=f"(fraction of {gpu.name}'s TDP {float(gpu.tdp_w):g} W; floor = min_cap_w / tdp_w)")
+
+
+def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, other, cap_frac):
+    """Clock fraction f at which the iteration's power meets the cap, and the latency at f.
+
+    With t(f) = roofline_p(compute / f, memory / f^s) + other / f and energy above idle
+    E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory) f^(d-1), solve
+    E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is unique; and
+    because E falls when bandwidth or FLOP/s rise, the capped latency (= E(f)/(cap-idle)
+    when the cap binds) never rises with them. The earlier closed form, which took the
+    full-clock power times f^d, ignored that memory time barely stretches and let
+    latency rise with bandwidth by up to ~5% at the floor cap.
+    """
+    s = params.mem_clock_sensitivity
+    d = params.dvfs_exponent
+    headroom = jnp.maximum(cap_frac * gpu.tdp_w - gpu.idle_w, 1e-3) / (gpu.tdp_w - gpu.idle_w)
+    log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory)
+
+    def t_at(x):  # x = log f
+        return (smooth_max_pos(compute * jnp.exp(-x), memory * jnp.exp(-s * x), params.roofline_p)
+                + other * jnp.exp(-x))
+
+    def residual(x):  # log(power above idle at f / headroom); increasing in x
+        return log_energy + (d - 1.0) * x - jnp.log(t_at(x)) - jnp.log(headroom)
+
+    x = -residual(jnp.zeros_like(compute)) / d  # exact if every component stretched as 1/f
+    for _ in range(_CLOCK_NEWTON_STEPS):
+        r, dr = jax.jvp(residual, (x,), (jnp.ones_like(x),))
+        x = x - r / dr
+    clock = smooth_min_one(jnp.exp(x), _CLOCK_TEMPERATURE)
+    return clock, t_at(jnp.log(clock))
 
 
 class IterationBreakdown(NamedTuple):
@@ -79,9 +134,16 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
     Returns:
         IterationBreakdown; `latency_s` is the iteration time (s), `power_w` the
         per-GPU draw (W).
+
+    Raises:
+        ValueError: (concrete values only) a negative or NaN batch field, `cap_frac`
+            outside [min_cap_w / tdp_w, 1], or `tp` outside [1, gpus_per_machine].
     """
-    tp = machine.gpus_per_machine if tp is None else tp
+    tp = resolve_tp(machine, tp)
     gpu = machine.gpu
+    check_cap_frac(gpu, cap_frac)
+    for f in ("prompt_tokens", "prompt_seqs", "prompt_sq_tokens", "decode_seqs", "decode_ctx_tokens"):
+        check_positive(f"batch.{f}", getattr(batch, f), allow_zero=True, unit="(count)")
     L, d = llm.n_layers, llm.d_model
     new = batch.new_tokens
     flops = (2.0 * llm.n_params * new
@@ -108,11 +170,7 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
     u_compute = compute / full_clock
     u_memory = memory / full_clock
     demand = _power.power_demand_w(params, gpu, u_compute, u_memory)
-    clock = _power.clock_fraction(params, gpu, demand, cap_frac)
-    stretch = 1.0 / clock
-    latency = (smooth_max_pos(compute * stretch, memory * safe_pow(stretch, params.mem_clock_sensitivity),
-                              params.roofline_p)
-               + (comm + fixed) * stretch)
+    clock, latency = _capped_clock(params, gpu, compute, memory, comm + fixed, cap_frac)
     power = _power.capped_power_w(gpu, demand, cap_frac)
     return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power)
 
@@ -120,6 +178,8 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
 def prompt_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_size, batch_size=1.0, *,
                      tp: int | None = None, cap_frac=1.0):
     """Time of one prompt iteration over `batch_size` prompts of `prompt_size` tokens (s)."""
+    check_positive("prompt_size", prompt_size, unit="tokens")
+    check_positive("batch_size", batch_size, unit="prompts")
     return iteration(params, machine, llm, Batch.prompts(prompt_size, batch_size), tp=tp,
                      cap_frac=cap_frac).latency_s
 
@@ -127,6 +187,8 @@ def prompt_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_siz
 def token_latency_s(params: PhaseParams, machine: Machine, llm: LLM, batch_size, context_tokens, *,
                     tp: int | None = None, cap_frac=1.0):
     """Time of one decode iteration of `batch_size` sequences at mean context `context_tokens` (s)."""
+    check_positive("batch_size", batch_size, unit="sequences")
+    check_positive("context_tokens", context_tokens, unit="tokens")
     return iteration(params, machine, llm, Batch.decode(batch_size, context_tokens), tp=tp,
                      cap_frac=cap_frac).latency_s
 
@@ -139,6 +201,8 @@ def mean_token_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt
     prompt_size + token_size; decode time is affine in context, so the mean equals the
     time at the mean context prompt_size + token_size / 2.
     """
+    check_positive("prompt_size", prompt_size, unit="tokens")
+    check_positive("token_size", token_size, allow_zero=True, unit="tokens")
     ctx = jnp.asarray(prompt_size, dtype=float) + 0.5 * jnp.asarray(token_size, dtype=float)
     return token_latency_s(params, machine, llm, batch_size, ctx, tp=tp, cap_frac=cap_frac)
 
@@ -146,6 +210,10 @@ def mean_token_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt
 def mixed_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_tokens, prompt_seqs,
                     prompt_sq_tokens, decode_seqs, decode_ctx_tokens, *, tp: int | None = None, cap_frac=1.0):
     """Time of one iteration that batches prompts and decode tokens together (s)."""
+    for name, v in (("prompt_tokens", prompt_tokens), ("prompt_seqs", prompt_seqs),
+                    ("prompt_sq_tokens", prompt_sq_tokens), ("decode_seqs", decode_seqs),
+                    ("decode_ctx_tokens", decode_ctx_tokens)):
+        check_positive(name, v, allow_zero=True, unit="(count)")
     batch = Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens, decode_seqs, decode_ctx_tokens)
     return iteration(params, machine, llm, batch, tp=tp, cap_frac=cap_frac).latency_s
 

@@ -31,11 +31,12 @@ Mutinifni/splitwise-sim (``DatabasePerformanceModel.init_predictor`` and
    after evaluating the prompt curve at the batch's tokens); the tokens are not scaled.
    ``mixed_time_s`` follows the simulator, not the reading "curve at 1.1 x tokens".
 5. The simulator asserts ``iteration_time > 0``; it has no clipping. Here results pass
-   through a smooth positive floor (see ``_smooth_positive``) that equals the linear
-   value to machine precision wherever it is above ~40 x the temperature (40 ms by
-   default; every knot in the file is above 28 ms, the error there is < 1e-15 s) and
-   only bends where the simulator would have crashed (e.g. llama2-70b TP2 prompt curve
-   beyond ~35k tokens, whose last knot is a measurement artefact).
+   through a smooth, strictly positive floor (see ``_smooth_positive``, temperature
+   ``POSITIVE_TEMPERATURE_S`` = 1 ms) that equals the linear value to machine
+   precision wherever it is above ~40 ms (every knot in the file is above 28 ms, where
+   the change is < 1e-15 s) and only bends near or below zero, i.e. where the simulator
+   would have crashed (e.g. the llama2-70b TP2 prompt curve beyond ~35k tokens, whose
+   last knot is a measurement artefact).
 
 The knots are traced pytree leaves, so ``jax.grad`` with respect to the table itself
 works (calibrating a table, sensitivity of a cluster metric to one measured point).
@@ -208,19 +209,28 @@ def _interp_extrap(x, xp, fp, xnp: ModuleType = jnp):
 
 
 def _smooth_positive(y, temperature, xnp: ModuleType = jnp):
-    """A smooth, strictly positive stand-in for ``max(y, 0)``: ``T * softplus(y / T)``.
+    """A smooth, strictly positive stand-in for ``max(y, 0)`` with temperature ``T``.
 
-    Trade: exact to machine precision for y > ~40 T (the linear curve is untouched where
-    it is meaningful), off by at most T ln 2 at y = 0, and positive with a nonzero
-    gradient below, so an optimiser pushed into the extrapolated region still sees a
-    slope instead of a kink or a negative time. The ``where`` picks the cancellation-free
-    form for each sign; both forms are finite everywhere, so the untaken branch cannot
-    poison the gradient.
+    Above zero: ``y + T * softplus(-y / T)`` (= ``T * softplus(y / T)``), exact to machine
+    precision for y > ~40 T, so the linear curve is untouched where it is meaningful.
+    At and below zero: ``a / (1 - b * y)`` with ``a = T ln 2`` and ``b = 1 / (2 a)``, which
+    matches the softplus branch's value and slope at 0 (C1) and decays like
+    ``2 a**2 / |y|``: strictly positive for any finite y (softplus itself underflows to 0
+    once y < ~-745 T, and a zero time would turn throughputs into inf), with a nonzero
+    gradient so an optimiser pushed into the extrapolated region still sees a slope.
+    Trade: off by at most ``T ln 2`` at y = 0, and the curvature jumps at 0.
+    Each branch is evaluated on a masked input (jax-md ``safe_mask`` style): the
+    reciprocal would divide by zero at y = 1 / b > 0, and the untaken branch's gradient
+    would otherwise still flow.
     """
-    z = y / temperature
-    pos = y + temperature * xnp.logaddexp(0.0, -z)
-    neg = temperature * xnp.logaddexp(0.0, z)
-    return xnp.where(y > 0, pos, neg)
+    a = temperature * np.log(2.0)
+    b = 1.0 / (2.0 * a)
+    above = y > 0
+    y_pos = xnp.where(above, y, 1.0)
+    y_neg = xnp.where(above, 0.0, y)
+    pos = y_pos + temperature * xnp.logaddexp(0.0, -y_pos / temperature)
+    neg = a / (1.0 - b * y_neg)
+    return xnp.where(above, pos, neg)
 
 
 def _as_float(table_array: jax.Array, x) -> jax.Array:

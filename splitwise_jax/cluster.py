@@ -1,0 +1,342 @@
+"""The split cluster as one vectorised fluid/queueing model.
+
+Designs (Splitwise §V):
+* `baseline`: N machines, each running prompts and decodes with mixed continuous
+  batching (prompts first), join-the-shortest-queue routing.
+* `splitwise`: a prompt pool (Np machines) and a token pool (Nt machines). Prompts go
+  to the prompt pool; when it saturates (load past `draft_threshold`) the excess is
+  drafted onto token machines, which then run mixed batches (the paper's mixed pool).
+  Decodes go to the token pool; when its KV memory is full the excess decodes on
+  prompt machines (mixed pool again). The KV cache moves from the prompt machine to
+  the token machine, serialized or layer-wise.
+
+Each pool is a fluid model of continuous batching (pool.py) plus a c-server queue for
+prompts (queueing.py). Latency percentiles are percentiles of the mixture over request
+classes (prompt size x output size, from the workload) and routes, solved by bisection
+with implicit gradients (quantiles.py). Metric definitions follow the reference
+simulator (shared/validation/README.md): TTFT ends when the prompt ends (transfer not
+included); TBT = (E2E - TTFT) / output tokens per request; slowdowns against the request
+alone on one DGX-A100.
+
+Everything is a pure function of pytrees: `evaluate` jits, vmaps over pool sizes, caps,
+bandwidths and rates, and differentiates with respect to all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.stats import norm
+
+from splitwise_jax import kv_transfer, memory, power
+from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, softplus
+from splitwise_jax.pool import PoolState, pool_state
+from splitwise_jax.quantiles import mixture_quantiles
+from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.workload import Workload
+
+_STATIC = dict(static=True)
+PERCENTILES = (0.5, 0.9, 0.99)
+# Splitwise Table VI: slowdown limits at P50, P90, P99 for TTFT, TBT, E2E.
+PAPER_SLO = ((2.0, 3.0, 6.0), (1.25, 1.5, 5.0), (1.25, 1.5, 5.0))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """How the KV cache moves between machines.
+
+    Attributes:
+        bandwidth_bytes_per_s: bytes/s of one transfer.
+        setup_s: fixed cost per transfer (s).
+        mode: "serialized" or "layerwise" (static).
+        ignore_gqa: size the cache with every attention head, as SplitwiseSim does (static).
+    """
+
+    bandwidth_bytes_per_s: jax.Array | float
+    setup_s: jax.Array | float
+    mode: str = field(default="serialized", metadata=_STATIC)
+    ignore_gqa: bool = field(default=False, metadata=_STATIC)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Scheduling:
+    """Scheduler knobs (floats are traced).
+
+    Attributes:
+        draft_threshold: prompt-pool load above which prompts overflow to token
+            machines (SplitwiseSim drafts when >8,192 tokens are pending, which happens
+            as the pool nears saturation).
+        draft_temperature: smoothness of that overflow (load units).
+        memory_reserve_frac: HBM fraction not available to the KV cache.
+        service_jitter_rel: relative spread given to each class's deterministic
+            latency (the width of a workload bin and the profiles' ~1-2% repeat noise);
+            it also turns CDF steps into slopes so percentiles have gradients.
+    """
+
+    draft_threshold: jax.Array | float = 0.9
+    draft_temperature: jax.Array | float = 0.03
+    memory_reserve_frac: jax.Array | float = 0.0
+    service_jitter_rel: jax.Array | float = 0.03
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A cluster design with its pool sizes (continuous) and phase timings.
+
+    Attributes:
+        prompt: timing of the prompt-pool machines (all machines, for a baseline).
+        token: timing of the token-pool machines (unused by a baseline).
+        alone: timing of the slowdown reference (one DGX-A100 at full power).
+        n_prompt: prompt machines (a baseline's machine count).
+        n_token: token machines (0 for a baseline).
+        transfer: KV-cache transfer.
+        scheduling: scheduler knobs.
+        kind: "baseline" or "splitwise" (static).
+        name: design name (static).
+    """
+
+    prompt: object
+    token: object
+    alone: object
+    n_prompt: jax.Array | float
+    n_token: jax.Array | float
+    transfer: Transfer
+    scheduling: Scheduling = Scheduling()
+    kind: str = field(default="splitwise", metadata=_STATIC)
+    name: str = field(default="custom", metadata=_STATIC)
+
+    def replace(self, **changes) -> "Cluster":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """Numerical resolution of `evaluate` (static; trades accuracy for speed).
+
+    Attributes:
+        window_points: quadrature points over the arrival window.
+        bisection_iters: halvings of the log-time bracket per percentile.
+    """
+
+    window_points: int = 8
+    bisection_iters: int = 36
+
+
+class ClusterMetrics(NamedTuple):
+    """Outputs of `evaluate` (arrays; leading axes follow any vmap).
+
+    Percentile triples are (P50, P90, P99). `status` bits: 1 prompt pool overloaded,
+    2 token pool overloaded, 4 KV memory full, 8 mixed pool active (>5% of prompts or
+    decodes moved across pools).
+    """
+
+    ttft_s: jax.Array
+    tbt_s: jax.Array
+    e2e_s: jax.Array
+    slowdown_ttft: jax.Array
+    slowdown_tbt: jax.Array
+    slowdown_e2e: jax.Array
+    slo_margin: jax.Array          # (3, 3) log(limit / slowdown): > 0 meets
+    meets_slo: jax.Array
+    throughput_rps: jax.Array
+    cost_per_hour: jax.Array
+    power_kw: jax.Array
+    provisioned_power_kw: jax.Array
+    rho_prompt_pool: jax.Array
+    rho_token_pool: jax.Array      # prompt load drafted onto token machines
+    batch_prompt_pool: jax.Array
+    batch_token_pool: jax.Array
+    memory_pressure: jax.Array     # decode batch needed / batch that fits (token pool)
+    mixed_prompt_frac: jax.Array   # prompts drafted onto token machines
+    mixed_decode_frac: jax.Array   # decodes moved to prompt machines
+    status: jax.Array
+
+
+def _classes(wl: Workload):
+    p = jnp.asarray(wl.prompt_tokens, float)
+    o = jnp.asarray(wl.output_tokens, float)
+    w = jnp.asarray(wl.weights, float)
+    wp = jnp.sum(w, axis=1)
+    iters = jnp.maximum(o - 1.0, 0.0)
+    mean_iters = jnp.sum(w * iters[None, :])
+    # Context of a decoding request, averaged over its decode iterations.
+    ctx = jnp.sum(w * iters[None, :] * (p[:, None] + 0.5 * o[None, :])) / jnp.maximum(mean_iters, 1e-9)
+    return p, o, w, wp, iters, mean_iters, ctx
+
+
+def _batch_cap(timing, cluster: Cluster, ctx):
+    cap_tokens = memory.kv_capacity_tokens(timing.llm, timing.machine, reserve_frac=cluster.scheduling.memory_reserve_frac,
+                                           ignore_gqa=cluster.transfer.ignore_gqa)
+    return cap_tokens / ctx
+
+
+def _transfer_s(cluster: Cluster, p, prompt_s):
+    tr = cluster.transfer
+    nbytes = kv_transfer.kv_transfer_bytes(cluster.prompt.llm, p, tr.ignore_gqa)
+    total = nbytes / tr.bandwidth_bytes_per_s
+    if tr.mode == "serialized":
+        return tr.setup_s + total
+    L = cluster.prompt.llm.n_layers
+    excess = softplus(total * (L - 1) / L - prompt_s * (L - 1) / L, 1e-3)
+    return tr.setup_s + total / L + excess
+
+
+def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2):
+    busy = smooth_min_one(st.rho_prompt, 0.02)
+    decoding = 1.0 - jnp.exp(-st.batch)
+    gpu = timing.machine.gpu
+    p_prompt = timing.prompt_power_w(mean_p, mean_p2)
+    p_decode = timing.decode_power_w(jnp.maximum(st.batch, 1.0), 1000.0)
+    per_gpu = busy * p_prompt + (1.0 - busy) * (decoding * p_decode + (1.0 - decoding) * gpu.idle_w)
+    return n * power.machine_power_w(timing.machine, per_gpu)
+
+
+def _component_cdf(t, shift, sd, weight, wait: WaitModel | None, scale, n_points):
+    """CDF at t of sum_j weight_j P((W + shift_j + noise_j) / scale_j <= t)."""
+    x = t * scale - shift
+    atom = norm.cdf(x / sd)
+    if wait is None:
+        return jnp.sum(weight * atom)
+    busy = wait_cdf_busy(x, wait, n_points)
+    return jnp.sum(weight * ((1.0 - wait.p_wait) * atom + wait.p_wait * busy))
+
+
+def _quantiles(parts, res: Resolution):
+    """parts: list of (shift, sd, weight, wait, scale) component groups of one metric."""
+
+    def cdf(ts):
+        def one(t):
+            return sum(_component_cdf(t, *part, res.window_points) for part in parts)
+
+        return jax.vmap(one)(ts)
+
+    return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), iters=res.bisection_iters)
+
+
+def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SLO,
+             resolution: Resolution = Resolution()) -> ClusterMetrics:
+    """Predict a cluster's latency percentiles, SLO verdict, throughput, power and cost.
+
+    Args:
+        cluster: the design, its pool sizes and timings (see `make_cluster`).
+        workload: request classes and arrival process.
+        horizon_s: length of the arrival window (s); with overload, queues grow for
+            this long (finite-window prediction, never infinite).
+        slo: (3, 3) slowdown limits, rows TTFT/TBT/E2E, columns P50/P90/P99.
+        resolution: numerical resolution (static).
+
+    Returns:
+        ClusterMetrics.
+    """
+    sched = cluster.scheduling
+    lam = jnp.asarray(workload.rate_per_s, float)
+    ca2 = jnp.asarray(workload.arrival_cv2, float)
+    p, o, w, wp, iters, mean_iters, ctx = _classes(workload)
+    p_sq = p * p
+    P, T = cluster.prompt, cluster.token
+    n_p = jnp.asarray(cluster.n_prompt, float)
+    cap_P = _batch_cap(P, cluster, ctx)
+
+    if cluster.kind == "baseline":
+        st_p = pool_state(P, n_p, lam, wp, p, p_sq, lam, mean_iters, ctx, cap_P)
+        w_p = wait_model(lam, st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
+        prompt_routes = [(st_p, w_p, 1.0)]
+        decode_routes = [(st_p, 1.0)]
+        kv = jnp.zeros_like(p)
+        join = 0.0
+        x = f = jnp.asarray(0.0)
+        st_t = None
+        pressure = st_p.batch_need / cap_P
+        n_t = jnp.asarray(0.0)
+    else:
+        n_t = jnp.asarray(cluster.n_token, float)
+        cap_T = _batch_cap(T, cluster, ctx)
+        e_s0 = jnp.dot(wp, P.prompt_s(p, p_sq))
+        rho0 = lam * e_s0 / jnp.maximum(n_p, 1e-6)
+        x = softplus(rho0 - sched.draft_threshold, sched.draft_temperature) / jnp.maximum(rho0, 1e-9)
+        x = smooth_min_one(x, 0.01) * (n_t / (n_t + 1e-3))
+        need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e12).batch_need
+        f = (1.0 - smooth_min_one(cap_T / jnp.maximum(need, 1e-9), 0.02)) * (n_p / (n_p + 1e-3))
+        st_t = pool_state(T, n_t, lam * x, wp, p, p_sq, lam * (1.0 - f), mean_iters, ctx, cap_T)
+        st_p = pool_state(P, n_p, lam * (1.0 - x), wp, p, p_sq, lam * f, mean_iters, ctx, cap_P)
+        w_p = wait_model(lam * (1.0 - x), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
+        w_t = wait_model(lam * x, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
+        prompt_routes = [(st_p, w_p, 1.0 - x), (st_t, w_t, x)]
+        decode_routes = [(st_t, 1.0 - f), (st_p, f)]
+        kv = _transfer_s(cluster, p, st_p.prompt_s)
+        pressure = need / cap_T
+
+    jit_rel = sched.service_jitter_rel
+    a_ttft = cluster.alone.prompt_s(p, p_sq)
+    a_tbt = cluster.alone.alone_tbt_s(p)
+    a_e2e = a_ttft[:, None] + a_tbt[:, None] * iters[None, :]
+
+    ttft_parts, e2e_parts, tbt_parts = [], [], []
+    for st, wm, wr in prompt_routes:
+        s = st.residual_s + st.prompt_s
+        ttft_parts.append((s, jit_rel * s, wr * wp, wm))
+        for st_d, wd in decode_routes:
+            join = 0.5 * st_d.decode_s if cluster.kind != "baseline" else 0.0
+            dec = kv[:, None] + join + iters[None, :] * st_d.tbt_mean_s
+            shift = s[:, None] + dec
+            sd = jnp.sqrt((jit_rel * shift) ** 2 + iters[None, :] * st_d.tbt_var_s2)
+            e2e_parts.append((shift, sd, wr * wd * w, wm))
+    for st_d, wd in decode_routes:
+        join = 0.5 * st_d.decode_s if cluster.kind != "baseline" else 0.0
+        mean = (kv[:, None] + join + iters[None, :] * st_d.tbt_mean_s) / o[None, :]
+        sd = jnp.sqrt((jit_rel * mean) ** 2 + iters[None, :] * st_d.tbt_var_s2 / o[None, :] ** 2)
+        tbt_parts.append((mean, sd, wd * w, None))
+
+    def q(parts, scale):
+        return _quantiles([(s, sd, wt, wm, scale) for s, sd, wt, wm in parts], resolution)
+
+    ttft = q(ttft_parts, 1.0)
+    e2e = q(e2e_parts, 1.0)
+    tbt = q(tbt_parts, 1.0)
+    sd_ttft = q(ttft_parts, a_ttft)
+    sd_e2e = q(e2e_parts, a_e2e)
+    sd_tbt = q(tbt_parts, a_tbt[:, None])
+    slowdowns = jnp.stack([sd_ttft, sd_tbt, sd_e2e])
+    margin = jnp.log(jnp.asarray(slo, float) / slowdowns)
+    meets = jnp.all(margin > 0)
+
+    # Throughput: the offered rate, scaled down by the worst saturation.
+    loads = [st_p.rho_prompt, pressure]
+    if st_t is not None:
+        loads.append(st_t.rho_prompt)
+        loads.append(st_p.batch_need / cap_P)
+    worst = loads[0]
+    for l_ in loads[1:]:
+        worst = smooth_max_pos(worst, l_, 16.0)
+    throughput = lam / smooth_max_pos(1.0, worst, 16.0)
+
+    mean_p = jnp.dot(wp, p)
+    mean_p2 = jnp.dot(wp, p_sq)
+    power_w = _pool_power_w(P, n_p, st_p, mean_p, mean_p2)
+    cost = n_p * P.machine.cost_per_hour
+    prov = n_p * power.provisioned_power_w(P.machine, P.cap_frac)
+    if st_t is not None:
+        power_w = power_w + _pool_power_w(T, n_t, st_t, mean_p, mean_p2)
+        cost = cost + n_t * T.machine.cost_per_hour
+        prov = prov + n_t * power.provisioned_power_w(T.machine, T.cap_frac)
+    rho_t = st_t.rho_prompt if st_t is not None else jnp.asarray(0.0)
+    batch_t = st_t.batch if st_t is not None else jnp.asarray(0.0)
+
+    status = (1.0 * (st_p.rho_prompt > 1.0) + 2.0 * (rho_t > 1.0) + 4.0 * (pressure > 1.0)
+              + 8.0 * ((x > 0.05) | (f > 0.05)))
+    return ClusterMetrics(
+        ttft_s=ttft, tbt_s=tbt, e2e_s=e2e,
+        slowdown_ttft=sd_ttft, slowdown_tbt=sd_tbt, slowdown_e2e=sd_e2e,
+        slo_margin=margin, meets_slo=meets, throughput_rps=throughput,
+        cost_per_hour=cost, power_kw=power_w / 1e3, provisioned_power_kw=prov / 1e3,
+        rho_prompt_pool=st_p.rho_prompt, rho_token_pool=rho_t,
+        batch_prompt_pool=st_p.batch, batch_token_pool=batch_t, memory_pressure=pressure,
+        mixed_prompt_frac=x, mixed_decode_frac=f, status=status,
+    )

@@ -1,0 +1,100 @@
+"""Queue waiting times that stay finite and smooth from light load through overload.
+
+A pool of `c` machines serving prompts in FCFS order behind join-the-shortest-queue by
+pending work behaves like a central M/G/c queue. Its waiting time is modelled as
+
+    W = 0                      with probability 1 - C        (a server is free)
+    W = R(u) / c               with probability C            (all busy)
+
+where C is the probability of waiting (Sakasegawa's approximation of Erlang C, smooth
+in c and rho) and R(u) is the *workload* seen by an arrival at time u after the start
+of the arrival window: a reflected Brownian motion started empty, with drift
+m = lambda E[S] - c (work per second) and variance s^2 = lambda E[S]^2 (ca^2 + cs^2)
+per second (the heavy-traffic diffusion limit, which reproduces Kingman's mean wait in
+steady state). Arrivals are uniform over the window [0, T], so the wait distribution
+is the average of R(u) over u, taken by midpoint quadrature.
+
+Why a diffusion rather than Pollaczek-Khinchine/Allen-Cunneen: the transient RBM law
+is one formula that is the stationary exponential tail when rho < 1, grows linearly
+(queues building over the window) when rho > 1, and passes smoothly through rho = 1.
+Nothing is infinite or NaN, and gradients flow through rho = 1 (MODELING.md, "Overload
+and finite windows"; STYLE.md, "Overload is a state").
+
+References:
+    Harrison, "Brownian Motion and Stochastic Flow Systems", 1985, §1.8 (transient
+    law of reflected Brownian motion). Kingman, 1961. Sakasegawa, Ann. Inst. Stat.
+    Math. 29 (1977) (Lq ~ rho^sqrt(2(c+1)) / (1 - rho)).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax.scipy.stats import norm
+
+from splitwise_jax._smooth import safe_pow, smooth_min_one
+
+# Temperature of min(C, 1): C overshoots 1 only when rho > 1, where waiting is certain.
+_C_TEMPERATURE = 0.01
+
+
+class WaitModel(NamedTuple):
+    """Parameters of one pool's prompt waiting-time law (all scalars).
+
+    Attributes:
+        p_wait: probability an arrival waits (C).
+        drift: drift of the wait process, seconds of wait per second (= rho - 1).
+        var: variance of the wait process per second (s^2 / c^2).
+        horizon_s: length of the arrival window T (s).
+        rho: offered load lambda E[S] / c.
+    """
+
+    p_wait: jnp.ndarray
+    drift: jnp.ndarray
+    var: jnp.ndarray
+    horizon_s: jnp.ndarray
+    rho: jnp.ndarray
+
+
+def prob_wait(rho, servers):
+    """Sakasegawa's smooth approximation of the Erlang-C waiting probability."""
+    expo = jnp.sqrt(2.0 * (jnp.maximum(servers, 1e-6) + 1.0)) - 1.0
+    return smooth_min_one(safe_pow(rho, expo), _C_TEMPERATURE)
+
+
+def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, horizon_s) -> WaitModel:
+    """Wait law of a c-server FCFS queue.
+
+    Args:
+        arrival_rate: jobs per second into the pool.
+        mean_service_s: E[S], seconds.
+        scv_service: squared coefficient of variation of S.
+        servers: c (continuous; machines in the pool).
+        arrival_cv2: ca^2 of inter-arrival times (1 = Poisson).
+        horizon_s: arrival window T, seconds.
+    """
+    c = jnp.maximum(servers, 1e-6)
+    rho = arrival_rate * mean_service_s / c
+    drift = rho - 1.0
+    var = arrival_rate * mean_service_s**2 * (arrival_cv2 + scv_service) / c**2
+    return WaitModel(prob_wait(rho, c), drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
+
+
+def rbm_cdf(x, drift, var, t):
+    """P(R(t) <= x) for reflected Brownian motion from 0 with given drift and variance."""
+    x = jnp.maximum(x, 0.0)
+    t = jnp.maximum(t, 1e-9)
+    sd = jnp.sqrt(var * t)
+    z1 = (x - drift * t) / sd
+    z2 = (-x - drift * t) / sd
+    # exp(2 m x / s^2) Phi(z2) in log space: the exponent and log Phi cancel when m > 0.
+    second = jnp.exp(jnp.minimum(2.0 * drift * x / var + norm.logcdf(z2), 0.0))
+    return jnp.clip(norm.cdf(z1) - second, 0.0, 1.0)
+
+
+def wait_cdf_busy(w, model: WaitModel, n_points: int):
+    """CDF of the wait given that the arrival waits, averaged over the arrival window."""
+    u = model.horizon_s * (jnp.arange(n_points) + 0.5) / n_points
+    vals = rbm_cdf(jnp.asarray(w)[..., None], model.drift, model.var, u)
+    return jnp.mean(vals, axis=-1)
