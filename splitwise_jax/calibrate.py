@@ -25,8 +25,11 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
+from functools import partial
+from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import jax
@@ -37,7 +40,8 @@ import pandas as pd
 
 from splitwise_jax.batch import Batch
 from splitwise_jax.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
-from splitwise_jax.params import PRIOR, PhaseParams, save_params
+from splitwise_jax.hardware import GPU, Machine
+from splitwise_jax.params import FITTED_PARAMS_FILE, PRIOR, PhaseParams, save_params
 from splitwise_jax.phases import iteration
 from splitwise_jax.profiles import CONFIG_KEYS, SERIES_KEYS, flag_outliers, profile_medians
 
@@ -201,23 +205,30 @@ def predict_rows(params: PhaseParams, machine: Machine, llm, prompt_size, batch_
 # Parameters in an unconstrained space
 #
 # Efficiencies are fractions of a peak (in (0, 1)): they live in logit space, so no fit
-# can claim more than the spec sheet. Everything else is positive: log space.
+# can claim more than the spec sheet. p-norm exponents and the DVFS exponent are > 1
+# (1 + exp). Everything else is positive: log space.
 
-UNIT_FIELDS: frozenset[str] = frozenset({"mfu_max", "bw_eff", "kv_bw_eff", "link_eff", "kv_link_eff"})
-_IS_UNIT = np.array([f in UNIT_FIELDS for f in FIELDS])
+UNIT_FIELDS: frozenset[str] = frozenset(
+    {"mfu_max", "bw_eff", "kv_bw_eff", "link_eff", "kv_link_eff", "mem_clock_sensitivity"})
+ABOVE_ONE_FIELDS: frozenset[str] = frozenset({"roofline_p", "overlap_p", "dvfs_exponent"})
+_KIND = np.array([1 if f in UNIT_FIELDS else 2 if f in ABOVE_ONE_FIELDS else 0 for f in FIELDS])
 
 
 def _to_raw(params: PhaseParams) -> np.ndarray:
+    """Unconstrained values of a parameter set (inverse of `_from_raw`)."""
     v = np.array([float(getattr(params, f)) for f in FIELDS])
-    if np.any(v[_IS_UNIT] >= 1.0):
-        bad = [f for f, x in zip(FIELDS, v) if f in UNIT_FIELDS and x >= 1.0]
-        raise ValueError(f"efficiency fields {bad} must be < 1")
-    return np.where(_IS_UNIT, np.log(v) - np.log1p(-np.minimum(v, 0.999999)), np.log(v))
+    bad = [f for f, x, k in zip(FIELDS, v, _KIND) if (k == 1 and x >= 1.0) or (k == 2 and x <= 1.0)]
+    if bad:
+        raise ValueError(f"starting values out of range: {bad} (efficiencies must be < 1, exponents > 1)")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(_KIND == 1, np.log(v) - np.log1p(-np.where(_KIND == 1, v, 0.5)),
+                        np.where(_KIND == 2, np.log(np.where(_KIND == 2, v - 1.0, 1.0)), np.log(v)))
 
 
 def _from_raw(z):
     """Field values (last axis = FIELDS) from unconstrained values."""
-    return jnp.where(jnp.asarray(_IS_UNIT), jax.nn.sigmoid(z), jnp.exp(z))
+    kind = jnp.asarray(_KIND)
+    return jnp.where(kind == 1, jax.nn.sigmoid(z), jnp.where(kind == 2, 1.0 + jnp.exp(z), jnp.exp(z)))
 
 
 def _params_of(values) -> PhaseParams:
@@ -229,8 +240,225 @@ class RawParams(NamedTuple):
 
     shared: jnp.ndarray
     deviation: jnp.ndarray
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+    """A calibration: shared parameters plus per-GPU overrides (absolute values)."""
+
+    shared: PhaseParams
+    per_gpu: dict[str, dict[str, float]]
+    meta: dict
+
+    def params_for(self, gpu_name: str) -> PhaseParams:
+        """Parameters a GPU runs on: its overrides if any, else the shared values."""
+        override = self.per_gpu.get(gpu_name)
+        return PhaseParams.from_dict(override, base=self.shared) if override else self.shared
+
+    def save(self, path) -> None:
+        save_params(path, self.shared, self.per_gpu, self.meta)
+
+    @classmethod
+    def load(cls, path=None) -> "Fitted":
+        """Read a params file (default: the shipped fit; the prior if none ships)."""
+        p = Path(path) if path is not None else FITTED_PARAMS_FILE
+        if not p.exists():
+            if path is None:
+                return cls(PRIOR, {}, {"source": "prior (no fitted file shipped)"})
+            raise ValueError(f"params file {p} does not exist")
+        data = _read_params_file(p)
+        shared = PhaseParams.from_dict(data["shared"])
+        per_gpu = data.get("per_gpu") or {}
+        if not isinstance(per_gpu, dict) or not all(isinstance(v, dict) for v in per_gpu.values()):
+            raise ValueError(f"params file {p}: 'per_gpu' must map GPU names to objects of fields")
+        for override in per_gpu.values():
+            PhaseParams.from_dict(override, base=shared)  # validates names and values
+        return cls(shared, {k: dict(v) for k, v in per_gpu.items()}, dict(data.get("meta") or {}))
+
+
+def _read_params_file(p: Path) -> dict:
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"params file {p} cannot be read: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("shared"), dict):
+        raise ValueError(f"params file {p} must be a JSON object with a 'shared' object of PhaseParams fields")
+    return data
+
+
+# ---------------------------------------------------------------------------------------
+# Loss and fit
+
+
+def _pseudo_huber(r, scale):
+    """scale^2 (sqrt(1 + (r/scale)^2) - 1): r^2/2 for |r| << scale, scale |r| beyond."""
+    return scale**2 * (jnp.sqrt(1.0 + (r / scale) ** 2) - 1.0)
+
+
+def _make_loss(keys, cfg: FitConfig, dev_mask, raw_start):
+    llms = [get_llm(m) for m, _ in keys]
+
+    def loss(theta: RawParams, data):
+        h = cfg.huber_scale
+        total = 0.0
+        n = 0.0
+        for k, (_, tp) in enumerate(keys):
+            d = data[k]
+            raw = theta.shared[None, :] + theta.deviation[d.gpu_index] * dev_mask[None, :]
+            params = _params_of(_from_raw(raw))
+            pred = predict_rows(params, d.machine, llms[k], d.prompt_size, d.batch_size, d.token_size, tp=tp,
+                                cap_frac=d.cap_frac)
+            rp = jnp.log(pred.prompt_s) - d.log_prompt_s
+            rt = jnp.log(pred.token_s) - d.log_token_s
+            rpk = jnp.log(pred.peak_frac / d.peak_frac)
+            rav = jnp.log(pred.avg_frac / d.avg_frac)
+            total = total + cfg.w_prompt * jnp.sum(d.w_prompt * _pseudo_huber(rp, h))
+            total = total + cfg.w_token * jnp.sum(d.w_token * _pseudo_huber(rt, h))
+            total = total + cfg.w_power * jnp.sum(d.w_power * (_pseudo_huber(rpk, h) + _pseudo_huber(rav, h)))
+            n = n + jnp.sum(d.w_prompt)
+        data_term = total / jnp.maximum(n, 1.0) / h**2
+        reg = (cfg.deviation_penalty * jnp.sum(theta.deviation**2)
+               + cfg.prior_penalty * jnp.sum((theta.shared - raw_start) ** 2))
+        return data_term + reg
+
+    return loss
+
+
+_CHUNK = 50  # Adam steps per compiled call (one progress-bar tick)
+_COMPILED: dict = {}
+
+
+def _compiled(keys, gpus, cfg: FitConfig, raw_start_key):
+    """The jitted loss and chunk-of-steps for one problem layout (cached: one compile
+    serves every split and seed, whose only difference is the row weights)."""
+    ck = (keys, gpus, cfg, raw_start_key)
+    if ck in _COMPILED:
+        return _COMPILED[ck]
+    dev_mask = jnp.asarray([1.0 if f in cfg.per_gpu_fields else 0.0 for f in FIELDS])
+    free_mask = jnp.asarray([0.0 if f in cfg.frozen_fields else 1.0 for f in FIELDS])
+    raw_start = jnp.asarray(raw_start_key)
+    loss = _make_loss(keys, cfg, dev_mask, raw_start)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, max(1, min(100, cfg.steps // 10)), max(cfg.steps, 2), cfg.learning_rate * 0.01)
+    opt = optax.adam(schedule)
+    grad_mask = RawParams(free_mask, dev_mask[None, :] * free_mask[None, :] * jnp.ones((len(gpus), 1)))
+
+    @jax.jit
+    def run_chunk(theta, state, data, gpu_has_data):
+        # A GPU without training rows keeps a zero deviation: it runs on the shared values.
+        mask = grad_mask._replace(deviation=grad_mask.deviation * gpu_has_data[:, None])
+
+        def step(carry, _):
+            theta, state = carry
+            value, grads = jax.value_and_grad(loss)(theta, data)
+            grads = jax.tree_util.tree_map(jnp.multiply, grads, mask)
+            updates, state = opt.update(grads, state, theta)
+            return (optax.apply_updates(theta, updates), state), value
+
+        (theta, state), values = jax.lax.scan(step, (theta, state), None, length=_CHUNK)
+        return theta, state, values[-1]
+
+    out = (jax.jit(loss), opt, run_chunk)
+    _COMPILED[ck] = out
+    return out
+
+
+def outlier_ids(medians: pd.DataFrame) -> set[int]:
+    """config_ids that `profiles.flag_outliers` flags (any metric)."""
+    flags = flag_outliers(medians)
+    return set(int(i) for i in flags["config_id"].tolist())
+
+
+def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=None, start: PhaseParams = PRIOR,
+        progress: bool = True, desc: str = "calibrating") -> tuple[Fitted, list[float]]:
+    """Fit the phase model to configuration medians by Adam on the robust log-error loss.
+
+    Args:
+        medians: `profiles.profile_medians` output.
+        config: fit options.
+        train_ids: config_ids to fit on (default: all); other rows are carried with
+            weight 0 (so every split reuses one compiled loss).
+        start: starting values, also the prior the penalty pulls shared values to.
+        progress: show a tqdm bar.
+        desc: the bar's label.
+
+    Returns:
+        (the calibration, the loss after every chunk of 50 steps; last = final loss).
+
+    Raises:
+        ValueError: nothing left to fit, or a starting efficiency >= 1.
+
+    Example:
+        >>> med = profile_medians(load_profiles())
+        >>> fitted, history = fit(med, config=FitConfig(steps=200), progress=False)
+        >>> history[-1] < history[0]
+        True
+    """
+    from tqdm.auto import tqdm
+
+    med = medians.sort_values("config_id").reset_index(drop=True)
+    use = np.ones(len(med), bool) if train_ids is None else med["config_id"].isin(set(train_ids)).to_numpy()
+    if config.exclude_outliers:
+        use &= ~med["config_id"].isin(outlier_ids(medians)).to_numpy()
+    if not use.any():
+        raise ValueError("no configurations to fit (check train_ids and the outlier filter)")
+    gpus = tuple(sorted({gpu_of_hardware(h) for h in med["hardware"]}))
+    gpu_has_data = jnp.asarray([float(any(gpu_of_hardware(h) == g for h in med.loc[use, "hardware"])) for g in gpus])
+    w = use.astype(float)
+    med = med.assign(w_prompt=w, w_token=w, w_power=w)
+    keys, data = _design(med, gpus)
+    raw_start = _to_raw(start)
+    loss, opt, run_chunk = _compiled(keys, gpus, config, tuple(raw_start.tolist()))
+    theta = RawParams(jnp.asarray(raw_start), jnp.zeros((len(gpus), len(FIELDS))))
+    state = opt.init(theta)
+
+    history = [float(loss(theta, data))]
+    t0 = time.perf_counter()
+    bar = tqdm(range(max(1, math.ceil(config.steps / _CHUNK))), desc=desc, disable=not progress, leave=False)
+    for _ in bar:
+        theta, state, _value = run_chunk(theta, state, data, gpu_has_data)
+        history.append(float(_value))
+        bar.set_postfix(loss=f"{history[-1]:.4g}")
+    bar.close()
+
+    # With a single GPU in the data, its deviation and the shared value are the same
+    # degree of freedom: fold it in, so the shared values are that GPU's fit (split c).
+    dev_mask = np.array([f in config.per_gpu_fields for f in FIELDS], float)
+    shared = np.asarray(theta.shared)
+    deviation = np.asarray(theta.deviation) * dev_mask[None, :]
+    has = np.asarray(gpu_has_data) > 0
+    if has.sum() == 1:
+        shared = shared + deviation[has][0]
+        deviation = np.zeros_like(deviation)
+    theta = RawParams(jnp.asarray(shared), jnp.asarray(deviation))
+    final = float(loss(theta, data))
+    history.append(final)
+
+    values = np.asarray(_from_raw(jnp.asarray(shared)))
+    shared_params = PhaseParams(**{f: float(values[i]) for i, f in enumerate(FIELDS)})
+    per_gpu = {}
+    for gi, gpu in enumerate(gpus):
+        if not has[gi] or has.sum() == 1:
+            continue
+        v = np.asarray(_from_raw(jnp.asarray(shared + deviation[gi])))
+        per_gpu[gpu] = {f: float(v[i]) for i, f in enumerate(FIELDS) if f in config.per_gpu_fields}
+    meta = {
+        "loss": final,
+        "steps": int(config.steps),
+        "fit_seconds": round(time.perf_counter() - t0, 2),
+        "n_configs_fitted": int(use.sum()),
+        "gpus_fitted": [g for g, h in zip(gpus, has) if h],
+        "huber_scale": config.huber_scale,
+        "per_gpu_fields": list(config.per_gpu_fields),
+    }
+    return Fitted(shared_params, per_gpu, meta), history
+
+
 # ---------------------------------------------------------------------------------------
 # Prediction of a table of rows
+
+
+@partial(jax.jit, static_argnames=("tp",))
+def _predict_jit(params, machine, llm, p, b, t, cap, *, tp):
+    return predict_rows(params, machine, llm, p, b, t, tp=tp, cap_frac=cap)
 
 
 def predict_frame(fitted: Fitted, rows: pd.DataFrame) -> pd.DataFrame:
@@ -239,44 +467,22 @@ def predict_frame(fitted: Fitted, rows: pd.DataFrame) -> pd.DataFrame:
     Args:
         fitted: the calibration.
         rows: columns model, hardware, tensor_parallel, prompt_size, batch_size,
-            token_size (validated by the caller).
+            token_size (names as in the catalogue and `MACHINE_OF_HARDWARE`).
 
     Returns:
         DataFrame indexed like `rows` with prompt_time, token_time (ms), peak_power,
-        average_power (fraction of TDP).
+        average_power (fractions of TDP).
     """
     out = pd.DataFrame(index=rows.index, columns=["prompt_time", "token_time", "peak_power", "average_power"],
                        dtype=float)
     for (model, hardware, tp), q in rows.groupby(list(SERIES_KEYS), sort=False):
         machine = get_machine(MACHINE_OF_HARDWARE[hardware])
         params = fitted.params_for(machine.gpu.name)
-        pred = _predict_jit(params, machine, get_llm(model), q["prompt_size"].to_numpy(float),
-                            q["batch_size"].to_numpy(float), q["token_size"].to_numpy(float), int(tp),
-                            float(CAP_OF_HARDWARE[hardware]))
+        pred = _predict_jit(params, machine, get_llm(model), jnp.asarray(q["prompt_size"].to_numpy(float)),
+                            jnp.asarray(q["batch_size"].to_numpy(float)), jnp.asarray(q["token_size"].to_numpy(float)),
+                            float(CAP_OF_HARDWARE[hardware]), tp=int(tp))
         out.loc[q.index, "prompt_time"] = np.asarray(pred.prompt_s) * 1e3
         out.loc[q.index, "token_time"] = np.asarray(pred.token_s) * 1e3
         out.loc[q.index, "peak_power"] = np.asarray(pred.peak_frac)
         out.loc[q.index, "average_power"] = np.asarray(pred.avg_frac)
     return out
-
-
-@jax.jit
-def _predict_jit_impl(params, machine, llm, p, b, t, cap, tp_holder):
-    raise NotImplementedError
-
-
-def _predict_jit(params, machine, llm, p, b, t, tp, cap):
-    return _predict_static(params, machine, llm, jnp.asarray(p), jnp.asarray(b), jnp.asarray(t), cap, tp=tp)
-
-
-@jax.jit
-def _predict_static_inner(params, machine, llm, p, b, t, cap):  # pragma: no cover - replaced below
-    raise NotImplementedError
-
-
-from functools import partial  # noqa: E402
-
-
-@partial(jax.jit, static_argnames=("tp",))
-def _predict_static(params, machine, llm, p, b, t, cap, *, tp):
-    return predict_rows(params, machine, llm, p, b, t, tp=tp, cap_frac=cap)

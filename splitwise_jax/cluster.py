@@ -122,11 +122,15 @@ class Resolution:
 
     Attributes:
         window_points: quadrature points over the arrival window.
-        bisection_iters: halvings of the log-time bracket per percentile.
+        table_points: log-spaced points tabulating each pool's wait CDF.
+        grid_points: coarse grid that brackets each percentile.
+        refine_iters: Illinois refinement steps per percentile.
     """
 
     window_points: int = 8
-    bisection_iters: int = 36
+    table_points: int = 64
+    grid_points: int = 24
+    refine_iters: int = 6
 
 
 class ClusterMetrics(NamedTuple):
@@ -198,26 +202,67 @@ def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2):
     return n * power.machine_power_w(timing.machine, per_gpu)
 
 
-def _component_cdf(t, shift, sd, weight, wait: WaitModel | None, scale, n_points):
-    """CDF at t of sum_j weight_j P((W + shift_j + noise_j) / scale_j <= t)."""
+class _BusyTable(NamedTuple):
+    """A route's busy-wait CDF tabulated on a log grid (interpolated per component)."""
+
+    p_wait: jax.Array
+    log_x0: jax.Array
+    dlog: jax.Array
+    values: jax.Array
+    x_max: jax.Array
+
+
+def _busy_table(wm: WaitModel, res: "Resolution") -> _BusyTable:
+    # Far enough to cover queues growing over the window plus 8 standard deviations.
+    x_max = jax.lax.stop_gradient(
+        jnp.maximum(wm.drift, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
+        + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2)
+    log_x0 = jnp.log(1e-5)
+    dlog = (jnp.log(x_max) - log_x0) / (res.table_points - 1)
+    xs = jnp.exp(log_x0 + dlog * jnp.arange(res.table_points))
+    return _BusyTable(wm.p_wait, log_x0, dlog, wait_cdf_busy(xs, wm, res.window_points), x_max)
+
+
+def _busy_cdf(x, tab: _BusyTable):
+    n = tab.values.shape[0]
+    u = jnp.clip((jnp.log(jnp.maximum(x, 1e-30)) - tab.log_x0) / tab.dlog, 0.0, n - 1.0)
+    i = jnp.clip(jnp.floor(u), 0, n - 2).astype(int)
+    frac = u - i
+    v = tab.values[i] * (1.0 - frac) + tab.values[i + 1] * frac
+    below = jnp.clip(x / jnp.exp(tab.log_x0), 0.0, 1.0)  # linear to zero under the grid
+    return jnp.where(x > jnp.exp(tab.log_x0), v, tab.values[0] * below)
+
+
+def _component_cdf(t, shift, sd, weight, tab: _BusyTable | None, scale):
+    """CDF at t of sum_j weight_j P((W + shift_j + noise_j) / scale_j <= t).
+
+    The noise is logistic with the scale of a normal of s.d. `sd` (1.702 matches the
+    normal's slope at the median); it is cheaper than erf and equally smooth.
+    """
     x = t * scale - shift
-    atom = norm.cdf(x / sd)
-    if wait is None:
+    atom = jax.nn.sigmoid(1.702 * x / sd)
+    if tab is None:
         return jnp.sum(weight * atom)
-    busy = wait_cdf_busy(x, wait, n_points)
-    return jnp.sum(weight * ((1.0 - wait.p_wait) * atom + wait.p_wait * busy))
+    return jnp.sum(weight * ((1.0 - tab.p_wait) * atom + tab.p_wait * _busy_cdf(x, tab)))
 
 
-def _quantiles(parts, res: Resolution):
-    """parts: list of (shift, sd, weight, wait, scale) component groups of one metric."""
+def _quantiles(parts, res: "Resolution"):
+    """parts: list of (shift, sd, weight, busy table or None, scale) of one metric."""
 
     def cdf(ts):
         def one(t):
-            return sum(_component_cdf(t, *part, res.window_points) for part in parts)
+            return sum(_component_cdf(t, *part) for part in parts)
 
         return jax.vmap(one)(ts)
 
-    return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), iters=res.bisection_iters)
+    los, his = [], []
+    for shift, sd, _, tab, scale in parts:
+        extra = 0.0 if tab is None else tab.x_max
+        los.append(jnp.min(jnp.maximum(shift - 6.0 * sd, 0.05 * shift) / scale))
+        his.append(jnp.max((shift + 8.0 * sd + extra) / scale))
+    lo = 0.5 * jnp.min(jnp.stack(los))
+    hi = 2.0 * jnp.max(jnp.stack(his))
+    return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), lo, hi, res.grid_points, res.refine_iters)
 
 
 def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SLO,
@@ -294,8 +339,17 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         sd = jnp.sqrt((jit_rel * mean) ** 2 + iters[None, :] * st_d.tbt_var_s2 / o[None, :] ** 2)
         tbt_parts.append((mean, sd, wd * w, None))
 
+    tables = {}
+
+    def tab(wm):
+        if wm is None:
+            return None
+        if id(wm) not in tables:
+            tables[id(wm)] = _busy_table(wm, resolution)
+        return tables[id(wm)]
+
     def q(parts, scale):
-        return _quantiles([(s, sd, wt, wm, scale) for s, sd, wt, wm in parts], resolution)
+        return _quantiles([(s, sd, wt, tab(wm), scale) for s, sd, wt, wm in parts], resolution)
 
     ttft = q(ttft_parts, 1.0)
     e2e = q(e2e_parts, 1.0)

@@ -41,13 +41,21 @@ class PhaseParams:
         bw_eff: achieved fraction of HBM bandwidth when streaming weights.
         kv_bw_eff: achieved fraction of HBM bandwidth in attention over the KV cache.
         roofline_p: exponent of the p-norm that joins compute and memory time.
-    Fixed costs:
+    Host-side (fixed) costs, which overlap the GPU's work:
         t_iter_s: per-iteration cost (scheduler, sampling, host sync), seconds.
         t_layer_s: per-layer per-iteration cost (kernel launches), seconds.
         t_prompt_seq_s, t_decode_seq_s: per-sequence cost per iteration, seconds.
+        t_ctx_token_s: per decode-context token per iteration (masks, positions,
+            cache bookkeeping), seconds.
+        overlap_p: exponent (>= 1) of the p-norm joining GPU time and host time:
+            1 = serial (sum), large = fully overlapped (max).
     Tensor parallel:
-        allreduce_latency_s: fixed latency of one all-reduce, seconds.
+        allreduce_latency_s: latency of one step of a ring all-reduce (2 (tp-1) steps
+            per all-reduce), seconds.
         link_eff: achieved fraction of NVLink bandwidth in all-reduce.
+        comm_knee_tokens, comm_knee_exp, comm_knee_slowdown: the all-reduce bandwidth
+            time grows by up to (1 + comm_knee_slowdown) past comm_knee_tokens batch
+            tokens (a Hill step of steepness comm_knee_exp).
     Power (fractions of TDP - idle) and DVFS:
         p_compute_frac: power above idle at full compute utilisation.
         p_memory_frac: power above idle at full memory-bandwidth utilisation.
@@ -69,8 +77,13 @@ class PhaseParams:
     t_layer_s: float = 1.5e-4
     t_prompt_seq_s: float = 1e-3
     t_decode_seq_s: float = 3e-4
-    allreduce_latency_s: float = 2e-5
+    t_ctx_token_s: float = 2e-7
+    overlap_p: float = 2.0
+    allreduce_latency_s: float = 3e-6
     link_eff: float = 0.7
+    comm_knee_tokens: float = 3000.0
+    comm_knee_exp: float = 4.0
+    comm_knee_slowdown: float = 0.5
     p_compute_frac: float = 0.95
     p_memory_frac: float = 0.55
     dvfs_exponent: float = 1.6

@@ -1,8 +1,10 @@
 """Phase latency and power: prompt (prefill), token (decode) and mixed iterations.
 
-One model covers all three: an iteration's time at full clock is
+One model covers all three. An iteration's time at full clock joins the GPU's work and
+the host-side work (scheduler, kernel launches, bookkeeping), which overlap:
 
-    t = roofline_p( t_compute, t_memory ) + t_comm + t_fixed
+    t = overlap_p( t_gpu, t_fixed )
+    t_gpu     = roofline_p( t_compute, t_memory ) + t_comm
 
     t_compute = FLOPs / (tp x peak x eff(new tokens))
     FLOPs     = 2 N_params x new_tokens + 2 L d sum(s^2) [causal prompt attention]
@@ -10,13 +12,34 @@ One model covers all three: an iteration's time at full clock is
     eff(n)    = mfu_max x n / (n + n_half) / (1 + (n / knee)^knee_exp)
     t_memory  = weights_per_gpu / (bw x bw_eff) + KV_read_per_gpu / (bw x kv_bw_eff)
                 + KV_written_per_gpu / (bw x bw_eff)
-    t_comm    = 2 L [allreduce latency + 2 (tp-1)/tp x new_tokens x d x 2 B / (nvlink x link_eff)]
+    t_comm    = 2 L [2 (tp-1) allreduce_latency
+                     + 2 (tp-1)/tp x new_tokens x d x 2 B x slow(new tokens) / (nvlink x link_eff)]
+    slow(n)   = 1 + comm_knee_slowdown x h / (1 + h),  h = (n / comm_knee_tokens)^comm_knee_exp
     t_fixed   = t_iter + L t_layer + prompts x t_prompt_seq + decodes x t_decode_seq
+                + decode context tokens x t_ctx_token
+
+`overlap_p(a, b) = (a^p + b^p)^(1/p)` with p = `overlap_p` >= 1: p = 1 is strictly serial
+(the sum), large p full overlap (the max). Why this form, from the profiles (SplitwiseSim
+``perf_model.csv``, see docs/calibration.md):
+
+* Llama2-70B decode takes the same time at TP4 and TP8 on both GPUs although the
+  weights each GPU streams halve: the host-side floor hides the GPU work, so the two
+  cannot simply add. TP2, whose GPU work is as long as the floor, is ~20% slower.
+* The context-length slope of decode time is ~0.45 us per context token on A100 for
+  both models and every TP, although BLOOM's KV cache per token is 12x Llama's: a host
+  cost per context token (`t_ctx_token_s`), not KV bandwidth.
+* The step in prompt time per token between 2,048 and 4,096 batch tokens grows with TP
+  (~1.0x at TP2, ~1.15x at TP4, ~1.3-1.4x at TP8) as the share of all-reduce time does:
+  the all-reduce bandwidth term slows past `comm_knee_tokens` (bounded by
+  1 + comm_knee_slowdown, so 16k-32k-token batches do not run away).
+* A ring all-reduce takes 2 (tp-1) latency steps; with one latency per all-reduce,
+  TP8 decode came out faster than TP4, which the data do not show.
 
 A power cap lowers the clock f when the iteration's power demand exceeds it: compute,
-fixed costs and communication stretch by 1/f, memory time by (1/f)^mem_clock_sensitivity.
-The clock is the one at which the iteration's average power meets the cap, with the
-energy above idle scaling as f^(dvfs_exponent - 1) (dynamic energy per operation ~ V^2):
+host-side costs and communication stretch by 1/f, memory time by
+(1/f)^mem_clock_sensitivity. The clock is the one at which the iteration's average power
+meets the cap, with the energy above idle scaling as f^(dvfs_exponent - 1) (dynamic
+energy per operation ~ V^2):
 
     P(f) = idle + (TDP - idle) (a_c t_compute + a_m t_memory) f^(d-1) / t(f) = cap
 
@@ -27,8 +50,9 @@ All functions take calibration parameters first and are pure: jit, vmap and grad
 
 References:
     Roofline: Williams et al., CACM 2009. Transformer FLOPs: Kaplan et al. 2020,
-    arXiv 2001.08361 (2N per token) plus attention. Splitwise §III (insights III-VII).
-    docs/model.md lists every equation with units.
+    arXiv 2001.08361 (2N per token) plus attention. Ring all-reduce: Patarasuk & Yuan,
+    JPDC 2009 (2 (p-1) steps). Splitwise §III (insights III-VII).
+    docs/model.md lists every equation with units; docs/calibration.md the fit.
 """
 
 from __future__ import annotations
@@ -67,25 +91,38 @@ def check_cap_frac(gpu: GPU, cap_frac) -> None:
                 unit=f"(fraction of {gpu.name}'s TDP {float(gpu.tdp_w):g} W; floor = min_cap_w / tdp_w)")
 
 
-def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, other, cap_frac):
+def _time_at_clock(params: PhaseParams, compute, memory, comm, fixed, x):
+    """Iteration time (s) at clock f = exp(x): GPU work and host work joined by overlap_p."""
+    stretch = jnp.exp(-x)
+    gpu_s = (smooth_max_pos(compute * stretch, memory * jnp.exp(-params.mem_clock_sensitivity * x),
+                            params.roofline_p)
+             + comm * stretch)
+    return smooth_max_pos(gpu_s, fixed * stretch, params.overlap_p)
+
+
+def allreduce_slowdown(params: PhaseParams, new_tokens):
+    """Factor (>= 1, bounded by 1 + comm_knee_slowdown) on the all-reduce bandwidth time."""
+    h = safe_pow(jnp.maximum(new_tokens, 0.0) / params.comm_knee_tokens, params.comm_knee_exp)
+    return 1.0 + params.comm_knee_slowdown * h / (1.0 + h)
+
+
+def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, cap_frac):
     """Clock fraction f at which the iteration's power meets the cap, and the latency at f.
 
-    With t(f) = roofline_p(compute / f, memory / f^s) + other / f and energy above idle
-    E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory) f^(d-1), solve
+    With t(f) = overlap_p(roofline_p(compute / f, memory / f^s) + comm / f, fixed / f) and
+    energy above idle E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory) f^(d-1), solve
     E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is unique; and
     because E falls when bandwidth or FLOP/s rise, the capped latency (= E(f)/(cap-idle)
     when the cap binds) never rises with them. The earlier closed form, which took the
     full-clock power times f^d, ignored that memory time barely stretches and let
     latency rise with bandwidth by up to ~5% at the floor cap.
     """
-    s = params.mem_clock_sensitivity
     d = params.dvfs_exponent
     headroom = jnp.maximum(cap_frac * gpu.tdp_w - gpu.idle_w, 1e-3) / (gpu.tdp_w - gpu.idle_w)
     log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory)
 
     def t_at(x):  # x = log f
-        return (smooth_max_pos(compute * jnp.exp(-x), memory * jnp.exp(-s * x), params.roofline_p)
-                + other * jnp.exp(-x))
+        return _time_at_clock(params, compute, memory, comm, fixed, x)
 
     def residual(x):  # log(power above idle at f / headroom); increasing in x
         return log_energy + (d - 1.0) * x - jnp.log(t_at(x)) - jnp.log(headroom)
@@ -158,19 +195,20 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
               + new * kv_tok / tp / (bw * params.bw_eff))
 
     ring = 2.0 * (tp - 1) / tp
-    comm = (2.0 * L * (params.allreduce_latency_s
-                       + ring * new * d * _ACT_BYTES / (machine.nvlink_bytes_per_s * params.link_eff))
+    comm = (2.0 * L * (2.0 * (tp - 1) * params.allreduce_latency_s
+                       + ring * new * d * _ACT_BYTES * allreduce_slowdown(params, new)
+                       / (machine.nvlink_bytes_per_s * params.link_eff))
             if tp > 1 else jnp.zeros_like(new))
     fixed = (params.t_iter_s + L * params.t_layer_s
              + jnp.asarray(batch.prompt_seqs) * params.t_prompt_seq_s
-             + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s)
+             + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s
+             + jnp.asarray(batch.decode_ctx_tokens) * params.t_ctx_token_s)
 
-    core = smooth_max_pos(compute, memory, params.roofline_p)
-    full_clock = core + comm + fixed
+    full_clock = _time_at_clock(params, compute, memory, comm, fixed, 0.0)
     u_compute = compute / full_clock
     u_memory = memory / full_clock
     demand = _power.power_demand_w(params, gpu, u_compute, u_memory)
-    clock, latency = _capped_clock(params, gpu, compute, memory, comm + fixed, cap_frac)
+    clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, cap_frac)
     power = _power.capped_power_w(gpu, demand, cap_frac)
     return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power)
 

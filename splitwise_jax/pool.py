@@ -12,7 +12,8 @@ decodes ride along; with probability exp(-B) there are none) and t_d(B) a decode
 iteration. A decoding request sees iterations of mean 1/r; the fraction of them that are
 prompt iterations gives the variance of its time between tokens (MODELING.md: mixed
 batching interference; Splitwise Figs. 2 and 16). The fixed point is found by damped
-iteration with a fixed trip count, so it is jit/vmap/grad-able. A pool with no decode
+Newton iteration in log B with a fixed trip count, so it is jit/vmap/grad-able
+(gradients flow through the unrolled iterations, which converge to machine precision). A pool with no decode
 traffic is a prompt pool (B = 0); one with no prompts is a token pool.
 
 References:
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
 
-_FIXED_POINT_ITERS = 60
+_NEWTON_ITERS = 8
 # Temperature of min(rho_p, 1) in the iteration-rate equation: beyond saturation the
 # machine runs prompt iterations only; 0.02 keeps the corner within ~1.4%.
 _RHO_TEMPERATURE = 0.02
@@ -90,12 +91,19 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
     def need(batch):
         return lam_d * mean_decode_iters / rates(batch)[-1]
 
-    def step(_, b):
-        target = smooth_min_pos(need(b), batch_cap, p=8.0)
-        return 0.5 * b + 0.5 * target
+    def residual(log_b):
+        b = jnp.exp(log_b)
+        return log_b - jnp.log(jnp.maximum(smooth_min_pos(need(b), batch_cap, p=8.0), 1e-12))
 
+    # Newton in log B. The map B -> need(B) grows less than proportionally (decode time is
+    # affine in B), so the residual's slope lies in (0, 1]; flooring it at 0.05 and
+    # clipping steps to +-2 (a factor e^2) keeps the iteration safe from a poor start.
     b0 = smooth_min_pos(lam_d * mean_decode_iters * timing.decode_s(1.0, ctx_tokens), batch_cap, p=8.0)
-    batch = jax.lax.fori_loop(0, _FIXED_POINT_ITERS, step, b0)
+    log_b = jnp.log(jnp.maximum(b0, 1e-12))
+    for _ in range(_NEWTON_ITERS):  # unrolled: XLA fuses the short, fixed loop
+        r_val, slope = jax.jvp(residual, (log_b,), (jnp.ones_like(log_b),))
+        log_b = log_b - jnp.clip(r_val / jnp.maximum(slope, 0.05), -2.0, 2.0)
+    batch = jnp.exp(log_b)
     batch_need = need(batch)
     t_p, e_t, rho, busy, t_d, r = rates(batch)
     e_t2 = jnp.dot(prompt_w, t_p**2)

@@ -594,3 +594,36 @@ def _from_preset(preset: str, rate_per_s: float, independent: bool, arrival: str
         arrival_cv2=_as_float_array(record["trace"]["arrival_cv2"] if arrival == "trace" else 1.0),
         name=preset,
     )
+
+
+def coarsen(wl: Workload, n_prompt_bins: int, n_output_bins: int) -> Workload:
+    """Merge adjacent classes into about n bins per marginal, preserving the means.
+
+    Bins are merged by equal marginal probability mass, so the tails keep their own
+    bins when the original bins are denser there. For fast grid sweeps; percentile
+    accuracy falls with the bin count (see benchmarks/grid_speed.py).
+    """
+    for arg, n in (("n_prompt_bins", n_prompt_bins), ("n_output_bins", n_output_bins)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{arg} must be an integer >= 1, got {n!r}")
+    w = np.asarray(wl.weights, dtype=float)
+
+    def groups(marginal, n):
+        cum = np.cumsum(marginal) - 0.5 * marginal
+        g = np.minimum((cum * n).astype(int), n - 1)
+        _, g = np.unique(g, return_inverse=True)
+        return g
+
+    gp = groups(w.sum(axis=1), n_prompt_bins)
+    go = groups(w.sum(axis=0), n_output_bins)
+    P = np.zeros((gp.max() + 1, w.shape[0]))
+    P[gp, np.arange(w.shape[0])] = 1.0
+    O = np.zeros((go.max() + 1, w.shape[1]))
+    O[go, np.arange(w.shape[1])] = 1.0
+    new_w = P @ w @ O.T
+    p = np.asarray(wl.prompt_tokens, float)
+    o = np.asarray(wl.output_tokens, float)
+    new_p = (P * w.sum(axis=1)) @ p / (P @ w.sum(axis=1))
+    new_o = (O * w.sum(axis=0)) @ o / (O @ w.sum(axis=0))
+    return dataclasses.replace(wl, prompt_tokens=jnp.asarray(new_p), output_tokens=jnp.asarray(new_o),
+                               weights=jnp.asarray(new_w))

@@ -1,0 +1,101 @@
+"""Tests for splitwise_jax.memory: weights, KV-cache bytes, capacity, max batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from splitwise_jax.catalog import get_llm, get_machine
+from splitwise_jax.memory import fits, kv_bytes_per_token, kv_capacity_tokens, max_batch, weights_bytes_per_gpu
+
+LLAMA, BLOOM = get_llm("llama2-70b"), get_llm("bloom-176b")
+DGX_A100, DGX_H100 = get_machine("dgx-a100"), get_machine("dgx-h100")
+GIB = 2.0**30
+
+
+def test_kv_bytes_per_token_fp16():
+    # 2 (K, V) x layers x KV heads x head dim x 2 bytes, exactly
+    assert kv_bytes_per_token(LLAMA) == 327_680  # 2 x 80 x 8 x 128 x 2 (GQA)
+    assert kv_bytes_per_token(BLOOM) == 4_014_080  # 2 x 70 x 112 x 128 x 2
+    # SplitwiseSim sizes every head: GQA's 64/8 saving undone; BLOOM (MHA) unchanged
+    assert kv_bytes_per_token(LLAMA, ignore_gqa=True) == 8 * 327_680
+    assert kv_bytes_per_token(BLOOM, ignore_gqa=True) == 4_014_080
+
+
+def test_weights_per_gpu():
+    # "about 17 GB": 68.98e9 params x 2 bytes / 8 = 17.2 GB; +-0.5 GB is the rounding of "about 17"
+    assert abs(weights_bytes_per_gpu(LLAMA, 8) - 17e9) < 0.5e9
+    assert weights_bytes_per_gpu(BLOOM, 8) == pytest.approx(176.2e9 * 2 / 8, rel=1e-12)
+    assert weights_bytes_per_gpu(LLAMA, 4) == 2 * weights_bytes_per_gpu(LLAMA, 8)
+
+
+def test_fits():
+    for m in (DGX_A100, DGX_H100):
+        assert fits(BLOOM, m) and fits(LLAMA, m)
+        assert not fits(BLOOM, m, tp=4)  # 88 GB per GPU > 80 GiB
+        assert fits(LLAMA, m, tp=2)  # 69 GB per GPU < 80 GiB
+
+
+def test_kv_capacity_is_free_memory_over_bytes_per_token():
+    for m in (DGX_A100, DGX_H100):
+        for llm in (BLOOM, LLAMA):
+            free = 8 * 80 * GIB - float(llm.weight_bytes)
+            # softplus(free, 1 GB) differs from free by 1 GB x exp(-free / 1 GB): e^-300
+            np.testing.assert_allclose(kv_capacity_tokens(llm, m), free / float(kv_bytes_per_token(llm)), rtol=1e-12)
+    # GQA: Llama2-70B keeps ~20x the tokens of BLOOM-176B on the same machine
+    assert kv_capacity_tokens(LLAMA, DGX_A100) > 15 * kv_capacity_tokens(BLOOM, DGX_A100)
+
+
+def test_capacity_of_a_model_that_does_not_fit_is_about_zero_with_finite_gradient():
+    cap = kv_capacity_tokens(BLOOM, DGX_A100, tp=2)  # 352 GB of weights on 160 GiB
+    # softplus of -180 GB at a 1 GB temperature: 1e9 x e^-180 bytes, far below one token
+    assert 0.0 <= float(cap) < 1e-3
+    g = jax.grad(lambda r: kv_capacity_tokens(BLOOM, DGX_A100, tp=2, reserve_frac=r))(0.1)
+    assert np.isfinite(g) and g <= 0.0
+
+
+def test_capacity_falls_with_reserve_and_rises_with_hbm():
+    reserves = jnp.linspace(0.0, 0.4, 9)
+    caps = jax.vmap(lambda r: kv_capacity_tokens(BLOOM, DGX_H100, reserve_frac=r))(reserves)
+    assert caps.shape == (9,) and np.all(np.diff(np.asarray(caps)) < 0)
+
+    def cap_of(hbm_scale, reserve):
+        gpu = dataclasses.replace(DGX_H100.gpu, hbm_bytes=DGX_H100.gpu.hbm_bytes * hbm_scale)
+        return kv_capacity_tokens(LLAMA, DGX_H100.replace(gpu=gpu), reserve_frac=reserve)
+
+    # relative inputs keep finite differences meaningful; jax's float64 default tolerance
+    check_grads(cap_of, (1.0, 0.1), order=1, modes=("rev", "fwd"))
+    d_hbm, d_reserve = jax.grad(cap_of, argnums=(0, 1))(1.0, 0.1)
+    assert d_hbm > 0 and d_reserve < 0
+
+
+def test_max_batch():
+    ctx = jnp.array([256.0, 1024.0, 1500.0, 4096.0])
+    b = np.asarray(max_batch(BLOOM, DGX_A100, ctx))
+    assert np.all(np.diff(b) < 0)
+    # the batch at each context exactly fills the KV capacity
+    np.testing.assert_allclose(b * ctx, kv_capacity_tokens(BLOOM, DGX_A100), rtol=1e-12)
+    # Splitwise insight IV: BLOOM-176B decode ran out of memory around batch 64 on a
+    # DGX; at a coding-median context of 1500 + 13 tokens the model allows 55 (within 2x)
+    assert 32 < float(max_batch(BLOOM, DGX_A100, 1513.0)) < 128
+
+
+def test_bad_inputs_raise_value_errors_naming_the_argument():
+    for bad in (0.0, -5.0, float("nan")):
+        with pytest.raises(ValueError, match="context_tokens"):
+            max_batch(LLAMA, DGX_H100, bad)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"reserve_frac must lie in \[0, 1\]"):
+            kv_capacity_tokens(LLAMA, DGX_H100, reserve_frac=bad)
+    for bad in (0, 9, 2.5, True):
+        with pytest.raises(ValueError, match=r"tp must be an integer in \[1, 8\]"):
+            kv_capacity_tokens(LLAMA, DGX_H100, tp=bad)
+        with pytest.raises(ValueError, match=r"tp must be an integer in \[1, 8\]"):
+            fits(LLAMA, DGX_H100, tp=bad)
+    with pytest.raises(ValueError, match=r"tp must be an integer >= 1"):
+        weights_bytes_per_gpu(LLAMA, 0)
