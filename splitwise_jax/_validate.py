@@ -14,8 +14,11 @@ import numpy as np
 
 
 def is_concrete(x) -> bool:
+    """True for Python numbers and concrete arrays; False for tracers and for the
+    placeholders JAX puts in pytrees while lowering (those skip validation)."""
     leaves = jax.tree_util.tree_leaves(x)
-    return not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+    return all(isinstance(leaf, (int, float, np.ndarray, np.number, jax.Array)) and not isinstance(leaf, jax.core.Tracer)
+               for leaf in leaves)
 
 
 def check_positive(name: str, value, *, allow_zero: bool = False, unit: str = "") -> None:

@@ -190,15 +190,31 @@ def predict_rows(params: PhaseParams, machine: Machine, llm, prompt_size, batch_
     time-weighted draw over the request (one prompt iteration then token_size decodes).
     All arguments but `tp` may be arrays over rows (params and machine with array leaves).
     """
-    p = jnp.asarray(prompt_size, dtype=float)
-    b = jnp.asarray(batch_size, dtype=float)
-    t = jnp.asarray(token_size, dtype=float)
-    pr = iteration(params, machine, llm, Batch.prompts(p, b), tp=tp, cap_frac=cap_frac)
-    tk = iteration(params, machine, llm, Batch.decode(b, p + 0.5 * t), tp=tp, cap_frac=cap_frac)
-    tdp = machine.gpu.tdp_w
-    decode_total = t * tk.latency_s
-    avg = (pr.power_w * pr.latency_s + tk.power_w * decode_total) / (pr.latency_s + decode_total)
-    return RowPredictions(pr.latency_s, tk.latency_s, pr.power_w / tdp, avg / tdp)
+    p, b, t, cap = jnp.broadcast_arrays(*(jnp.asarray(v, dtype=float) for v in
+                                           (prompt_size, batch_size, token_size, cap_frac)))
+    # One iteration() call over [prompt rows; decode rows] (every leaf of params and
+    # machine is broadcast and repeated likewise): half the graph to compile.
+    shape = p.shape
+    p, b, t, cap = (v.reshape(-1) for v in (p, b, t, cap))
+    n = p.shape[0]
+
+    def twice(leaf):
+        leaf = jnp.broadcast_to(jnp.asarray(leaf, dtype=float), shape).reshape(-1)
+        return jnp.concatenate([leaf, leaf])
+
+    both = Batch.prompts(p, b) + Batch.decode(b, p + 0.5 * t)
+    zeros = jnp.zeros_like(p)
+    prompt_part = Batch(both.prompt_tokens, both.prompt_seqs, both.prompt_sq_tokens, zeros, zeros)
+    decode_part = Batch(zeros, zeros, zeros, both.decode_seqs, both.decode_ctx_tokens)
+    batch = jax.tree_util.tree_map(lambda a, c: jnp.concatenate([a, c]), prompt_part, decode_part)
+    it = iteration(jax.tree_util.tree_map(twice, params), jax.tree_util.tree_map(twice, machine), llm, batch,
+                   tp=tp, cap_frac=jnp.concatenate([cap, cap]))
+    lat_p, lat_t = it.latency_s[:n], it.latency_s[n:]
+    pow_p, pow_t = it.power_w[:n], it.power_w[n:]
+    tdp = jnp.broadcast_to(jnp.asarray(machine.gpu.tdp_w, dtype=float), shape).reshape(-1)
+    decode_total = t * lat_t
+    avg = (pow_p * lat_p + pow_t * decode_total) / (lat_p + decode_total)
+    return RowPredictions(*(v.reshape(shape) for v in (lat_p, lat_t, pow_p / tdp, avg / tdp)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,23 +342,30 @@ _CHUNK = 50  # Adam steps per compiled call (one progress-bar tick)
 _COMPILED: dict = {}
 
 
+def _learning_rate(cfg: FitConfig, step: int) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 1% of the peak."""
+    warm = max(1, cfg.steps // 20)
+    if step < warm:
+        return cfg.learning_rate * (step + 1) / warm
+    frac = min(1.0, (step - warm) / max(1, cfg.steps - warm))
+    return cfg.learning_rate * (0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
 def _compiled(keys, gpus, cfg: FitConfig, raw_start_key):
-    """The jitted loss and chunk-of-steps for one problem layout (cached: one compile
-    serves every split and seed, whose only difference is the row weights)."""
-    ck = (keys, gpus, cfg, raw_start_key)
+    """The jitted chunk of Adam steps for one problem layout, cached: one compile serves
+    every split, seed and step count (they differ only in row weights and the rate)."""
+    cfg_key = cfg.replace(steps=0, learning_rate=0.0)
+    ck = (keys, gpus, cfg_key, raw_start_key)
     if ck in _COMPILED:
         return _COMPILED[ck]
     dev_mask = jnp.asarray([1.0 if f in cfg.per_gpu_fields else 0.0 for f in FIELDS])
     free_mask = jnp.asarray([0.0 if f in cfg.frozen_fields else 1.0 for f in FIELDS])
-    raw_start = jnp.asarray(raw_start_key)
-    loss = _make_loss(keys, cfg, dev_mask, raw_start)
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, max(1, min(100, cfg.steps // 10)), max(cfg.steps, 2), cfg.learning_rate * 0.01)
-    opt = optax.adam(schedule)
+    loss = _make_loss(keys, cfg, dev_mask, jnp.asarray(raw_start_key))
+    adam = optax.scale_by_adam()
     grad_mask = RawParams(free_mask, dev_mask[None, :] * free_mask[None, :] * jnp.ones((len(gpus), 1)))
 
     @jax.jit
-    def run_chunk(theta, state, data, gpu_has_data):
+    def run_chunk(theta, state, data, gpu_has_data, rate):
         # A GPU without training rows keeps a zero deviation: it runs on the shared values.
         mask = grad_mask._replace(deviation=grad_mask.deviation * gpu_has_data[:, None])
 
@@ -350,15 +373,15 @@ def _compiled(keys, gpus, cfg: FitConfig, raw_start_key):
             theta, state = carry
             value, grads = jax.value_and_grad(loss)(theta, data)
             grads = jax.tree_util.tree_map(jnp.multiply, grads, mask)
-            updates, state = opt.update(grads, state, theta)
-            return (optax.apply_updates(theta, updates), state), value
+            updates, state = adam.update(grads, state, theta)
+            theta = jax.tree_util.tree_map(lambda t, u: t - rate * u, theta, updates)
+            return (theta, state), value
 
         (theta, state), values = jax.lax.scan(step, (theta, state), None, length=_CHUNK)
-        return theta, state, values[-1]
+        return theta, state, values
 
-    out = (jax.jit(loss), opt, run_chunk)
-    _COMPILED[ck] = out
-    return out
+    _COMPILED[ck] = (adam, run_chunk)
+    return _COMPILED[ck]
 
 
 def outlier_ids(medians: pd.DataFrame) -> set[int]:
@@ -395,7 +418,7 @@ def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=Non
     from tqdm.auto import tqdm
 
     med = medians.sort_values("config_id").reset_index(drop=True)
-    use = np.ones(len(med), bool) if train_ids is None else med["config_id"].isin(set(train_ids)).to_numpy()
+    use = np.ones(len(med), bool) if train_ids is None else med["config_id"].isin(set(train_ids)).to_numpy().copy()
     if config.exclude_outliers:
         use &= ~med["config_id"].isin(outlier_ids(medians)).to_numpy()
     if not use.any():
@@ -406,16 +429,20 @@ def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=Non
     med = med.assign(w_prompt=w, w_token=w, w_power=w)
     keys, data = _design(med, gpus)
     raw_start = _to_raw(start)
-    loss, opt, run_chunk = _compiled(keys, gpus, config, tuple(raw_start.tolist()))
+    adam, run_chunk = _compiled(keys, gpus, config, tuple(raw_start.tolist()))
     theta = RawParams(jnp.asarray(raw_start), jnp.zeros((len(gpus), len(FIELDS))))
-    state = opt.init(theta)
+    state = adam.init(theta)
 
-    history = [float(loss(theta, data))]
+    history = []
     t0 = time.perf_counter()
-    bar = tqdm(range(max(1, math.ceil(config.steps / _CHUNK))), desc=desc, disable=not progress, leave=False)
-    for _ in bar:
-        theta, state, _value = run_chunk(theta, state, data, gpu_has_data)
-        history.append(float(_value))
+    n_chunks = max(1, math.ceil(config.steps / _CHUNK))
+    bar = tqdm(range(n_chunks), desc=desc, disable=not progress, leave=False)
+    for k in bar:
+        rate = jnp.asarray(_learning_rate(config, k * _CHUNK))
+        theta, state, values = run_chunk(theta, state, data, gpu_has_data, rate)
+        if k == 0:
+            history.append(float(values[0]))
+        history.append(float(values[-1]))
         bar.set_postfix(loss=f"{history[-1]:.4g}")
     bar.close()
 
@@ -428,9 +455,7 @@ def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=Non
     if has.sum() == 1:
         shared = shared + deviation[has][0]
         deviation = np.zeros_like(deviation)
-    theta = RawParams(jnp.asarray(shared), jnp.asarray(deviation))
-    final = float(loss(theta, data))
-    history.append(final)
+    final = history[-1]
 
     values = np.asarray(_from_raw(jnp.asarray(shared)))
     shared_params = PhaseParams(**{f: float(values[i]) for i, f in enumerate(FIELDS)})
@@ -461,16 +486,23 @@ def _predict_jit(params, machine, llm, p, b, t, cap, *, tp):
     return predict_rows(params, machine, llm, p, b, t, tp=tp, cap_frac=cap)
 
 
+def _bucket(n: int) -> int:
+    """Padded length for n rows (powers of two from 64): few distinct shapes to compile."""
+    return max(64, 1 << (max(n, 1) - 1).bit_length())
+
+
 def predict_frame(fitted: Fitted, rows: pd.DataFrame) -> pd.DataFrame:
     """Predict prompt_time, token_time (ms) and power fractions for profile-like rows.
 
     Args:
         fitted: the calibration.
         rows: columns model, hardware, tensor_parallel, prompt_size, batch_size,
-            token_size (names as in the catalogue and `MACHINE_OF_HARDWARE`).
+            token_size (names as in the catalogue and `catalog.MACHINE_OF_HARDWARE`;
+            values already validated, e.g. by `predict.validate_queries`).
 
     Returns:
-        DataFrame indexed like `rows` with prompt_time, token_time (ms), peak_power,
+        DataFrame indexed like `rows` with prompt_time, token_time (ms, the profiles'
+        meaning: one prompt iteration; the mean decode iteration), peak_power and
         average_power (fractions of TDP).
     """
     out = pd.DataFrame(index=rows.index, columns=["prompt_time", "token_time", "peak_power", "average_power"],
@@ -478,11 +510,182 @@ def predict_frame(fitted: Fitted, rows: pd.DataFrame) -> pd.DataFrame:
     for (model, hardware, tp), q in rows.groupby(list(SERIES_KEYS), sort=False):
         machine = get_machine(MACHINE_OF_HARDWARE[hardware])
         params = fitted.params_for(machine.gpu.name)
-        pred = _predict_jit(params, machine, get_llm(model), jnp.asarray(q["prompt_size"].to_numpy(float)),
-                            jnp.asarray(q["batch_size"].to_numpy(float)), jnp.asarray(q["token_size"].to_numpy(float)),
-                            float(CAP_OF_HARDWARE[hardware]), tp=int(tp))
-        out.loc[q.index, "prompt_time"] = np.asarray(pred.prompt_s) * 1e3
-        out.loc[q.index, "token_time"] = np.asarray(pred.token_s) * 1e3
-        out.loc[q.index, "peak_power"] = np.asarray(pred.peak_frac)
-        out.loc[q.index, "average_power"] = np.asarray(pred.avg_frac)
+        n = len(q)
+        pad = _bucket(n) - n
+
+        def col(name):
+            v = q[name].to_numpy(float)
+            return jnp.asarray(np.concatenate([v, np.full(pad, v[0])]))
+
+        pred = _predict_jit(params, machine, get_llm(model), col("prompt_size"), col("batch_size"),
+                            col("token_size"), float(CAP_OF_HARDWARE[hardware]), tp=int(tp))
+        out.loc[q.index, "prompt_time"] = np.asarray(pred.prompt_s)[:n] * 1e3
+        out.loc[q.index, "token_time"] = np.asarray(pred.token_s)[:n] * 1e3
+        out.loc[q.index, "peak_power"] = np.asarray(pred.peak_frac)[:n]
+        out.loc[q.index, "average_power"] = np.asarray(pred.avg_frac)[:n]
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Held-out splits
+#
+# Each split returns (train config_ids, test config_ids) over the medians with the
+# flagged outliers removed from both sides (they are reported, not scored).
+
+SPLITS = ("random", "extrapolation", "spec_transfer")
+SPLIT_LABELS = {
+    "random": "(a) random 80:20 over configurations",
+    "extrapolation": "(b) extrapolation: largest batch-token levels held out",
+    "spec_transfer": "(c) spec transfer: fit on A100, predict H100 from its spec sheet",
+}
+
+
+def _clean(medians: pd.DataFrame) -> pd.DataFrame:
+    return medians[~medians["config_id"].isin(outlier_ids(medians))]
+
+
+def split_random(medians: pd.DataFrame, seed: int, test_frac: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """(a) A random `test_frac` of the distinct configurations (not rows) held out.
+
+    The triplicated 512 x 1 x 128 block is one configuration, so its repeats never
+    straddle the split.
+    """
+    ids = np.sort(_clean(medians)["config_id"].to_numpy())
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(ids)
+    n_test = int(round(test_frac * len(ids)))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def split_extrapolation(medians: pd.DataFrame, levels: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """(b) Per (model, hardware, TP), the configurations at the `levels` largest
+    batch-token counts held out (16,384 and 32,768 in the shipped grid: prompt 512 at
+    batch 32 and 64), everything below fitted."""
+    med = _clean(medians)
+    rank = med.groupby(list(SERIES_KEYS))["batch_tokens"].rank(method="dense", ascending=False)
+    test = med["config_id"][rank <= levels].to_numpy()
+    train = med["config_id"][rank > levels].to_numpy()
+    return np.sort(train), np.sort(test)
+
+
+def split_spec_transfer(medians: pd.DataFrame, train_gpu: str = "a100-80gb") -> tuple[np.ndarray, np.ndarray]:
+    """(c) Fit on one GPU's rows only; every other GPU's rows (the power-capped H100
+    rows included) are predicted from the shared parameters and their spec sheet."""
+    med = _clean(medians)
+    on = med["hardware"].map(gpu_of_hardware) == train_gpu
+    return np.sort(med["config_id"][on].to_numpy()), np.sort(med["config_id"][~on].to_numpy())
+
+
+def _spec_scaled_baseline(train_rows: pd.DataFrame, query: pd.DataFrame) -> pd.DataFrame:
+    """Baseline for split (c): the training GPU's interpolation table for the same
+    (model, TP), prompt time scaled by the FLOP/s ratio and token time by the HBM
+    bandwidth ratio of the two spec sheets (SplitwiseSim itself cannot predict a GPU it
+    has no profile of). No power-cap model."""
+    out = pd.DataFrame(index=query.index, columns=["prompt_time", "token_time"], dtype=float)
+    for (model, hardware, tp), q in query.groupby(list(SERIES_KEYS), sort=False):
+        gpu = get_machine(MACHINE_OF_HARDWARE[hardware]).gpu
+        src = train_rows[(train_rows["model"] == model) & (train_rows["tensor_parallel"] == tp)]
+        if src.empty:
+            continue
+        src_hw = src["hardware"].iloc[0]
+        src_gpu = get_machine(MACHINE_OF_HARDWARE[src_hw]).gpu
+        pred = _safe_interp(src, q.assign(hardware=src_hw))
+        out.loc[q.index, "prompt_time"] = pred["prompt_time"] * float(src_gpu.peak_flops_per_s / gpu.peak_flops_per_s)
+        out.loc[q.index, "token_time"] = pred["token_time"] * float(src_gpu.hbm_bw_bytes_per_s / gpu.hbm_bw_bytes_per_s)
+    return out
+
+
+def _safe_interp(train_rows: pd.DataFrame, query: pd.DataFrame) -> pd.DataFrame:
+    """`sim_table.interp_baseline_predict`, series by series; NaN where a series has
+    fewer than two training knots."""
+    from splitwise_jax.sim_table import interp_baseline_predict
+
+    out = pd.DataFrame(index=query.index, columns=["prompt_time", "token_time"], dtype=float)
+    for _, q in query.groupby(list(SERIES_KEYS), sort=False):
+        try:
+            out.loc[q.index] = interp_baseline_predict(train_rows, q)[["prompt_time", "token_time"]].to_numpy()
+        except ValueError:
+            pass
+    return out
+
+
+def evaluate_split(rows: pd.DataFrame, medians: pd.DataFrame, split: str, seeds: Sequence[int] = (0,), *,
+                   config: FitConfig = FitConfig(), progress: bool = True) -> pd.DataFrame:
+    """Fit on a split's training configurations and predict its held-out ones.
+
+    Args:
+        rows: the profile rows (`profiles.load_profiles`), for the baseline, which
+            builds its knots from rows as SplitwiseSim does.
+        medians: `profiles.profile_medians(rows)`.
+        split: one of `SPLITS`.
+        seeds: seeds of the random split (the other splits are deterministic and run once).
+        config: fit options.
+        progress: tqdm bars.
+
+    Returns:
+        One row per (seed, held-out configuration): CONFIG_KEYS, config_id, split, seed,
+        measured prompt_time / token_time (ms, medians), the model's (`model_*`) and the
+        baseline's (`base_*`) predictions.
+
+    Raises:
+        ValueError: unknown split, or a split with nothing to train or test on.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    runs = [(s, *split_random(medians, s)) for s in seeds] if split == "random" else \
+        [(0, *(split_extrapolation(medians) if split == "extrapolation" else split_spec_transfer(medians)))]
+    frames = []
+    for seed, train_ids, test_ids in runs:
+        if len(train_ids) == 0 or len(test_ids) == 0:
+            raise ValueError(f"split {split!r} leaves {len(train_ids)} training and {len(test_ids)} test "
+                             "configurations in these profiles")
+        fitted, _ = fit(medians, config=config, train_ids=train_ids, progress=progress,
+                        desc=f"{split} seed {seed}" if split == "random" else split)
+        test = medians[medians["config_id"].isin(set(test_ids))]
+        pred = predict_frame(fitted, test)
+        train_rows = rows[rows["config_id"].isin(set(train_ids))]
+        base = _spec_scaled_baseline(train_rows, test) if split == "spec_transfer" else _safe_interp(train_rows, test)
+        frames.append(test[list(CONFIG_KEYS) + ["config_id", "batch_tokens", "prompt_time", "token_time"]].assign(
+            split=split, seed=seed,
+            model_prompt_time=pred["prompt_time"].to_numpy(), model_token_time=pred["token_time"].to_numpy(),
+            base_prompt_time=base["prompt_time"].to_numpy(), base_token_time=base["token_time"].to_numpy()))
+    return pd.concat(frames, ignore_index=True)
+
+
+def error_table(predictions: pd.DataFrame, *, by: Sequence[str] = ("split", "model", "hardware", "tensor_parallel"),
+                overall: bool = True) -> pd.DataFrame:
+    """MAPE and max |error| (%) per group, for the model and the baseline, prompt and token.
+
+    Args:
+        predictions: rows of `evaluate_split` (several splits concatenated is fine).
+        by: grouping columns.
+        overall: add one row per split over all its groups (model = "all").
+
+    Returns:
+        Columns: by..., n (held-out predictions scored, over all seeds), then
+        {model,base}_{prompt,token}_{mape,max} in percent (NaN where the baseline has
+        no prediction).
+    """
+    df = predictions.copy()
+    for who in ("model", "base"):
+        for ph in ("prompt", "token"):
+            df[f"{who}_{ph}_err"] = 100.0 * (df[f"{who}_{ph}_time"] / df[f"{ph}_time"] - 1.0).abs()
+
+    def agg(g):
+        out = {"n": len(g)}
+        for who in ("model", "base"):
+            for ph in ("prompt", "token"):
+                e = g[f"{who}_{ph}_err"]
+                out[f"{who}_{ph}_mape"] = e.mean() if e.notna().any() else np.nan
+                out[f"{who}_{ph}_max"] = e.max() if e.notna().any() else np.nan
+        return pd.Series(out)
+
+    by = list(by)
+    table = df.groupby(by, sort=False).apply(agg, include_groups=False).reset_index()
+    if overall and "split" in by:
+        tot = df.groupby("split", sort=False).apply(agg, include_groups=False).reset_index()
+        for c in by[1:]:
+            tot[c] = "all"
+        table = pd.concat([table, tot[table.columns]], ignore_index=True)
+    table["n"] = table["n"].astype(int)
+    return table

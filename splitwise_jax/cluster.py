@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from jax.scipy.stats import norm
 
 from splitwise_jax import kv_transfer, memory, power
-from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, softplus
-from splitwise_jax.pool import PoolState, pool_state
+from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
+from splitwise_jax.pool import PoolState, pool_state, pool_state_at
 from splitwise_jax.quantiles import mixture_quantiles
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
 from splitwise_jax.workload import Workload
@@ -79,7 +79,7 @@ class Scheduling:
             it also turns CDF steps into slopes so percentiles have gradients.
     """
 
-    draft_threshold: jax.Array | float = 0.9
+    draft_threshold: jax.Array | float = 1.0
     draft_temperature: jax.Array | float = 0.03
     memory_reserve_frac: jax.Array | float = 0.0
     service_jitter_rel: jax.Array | float = 0.03
@@ -192,12 +192,13 @@ def _transfer_s(cluster: Cluster, p, prompt_s):
     return tr.setup_s + total / L + excess
 
 
-def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2):
+def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):
     busy = smooth_min_one(st.rho_prompt, 0.02)
     decoding = 1.0 - jnp.exp(-st.batch)
     gpu = timing.machine.gpu
-    p_prompt = timing.prompt_power_w(mean_p, mean_p2)
-    p_decode = timing.decode_power_w(jnp.maximum(st.batch, 1.0), 1000.0)
+    b = jnp.maximum(st.batch, 1.0)
+    p_prompt, p_decode = timing.power_w(jnp.stack([mean_p, 0.0]), jnp.stack([mean_p2, 0.0]), jnp.array([1.0, 0.0]),
+                                        jnp.stack([0.0, b]), jnp.stack([0.0, b * ctx]))
     per_gpu = busy * p_prompt + (1.0 - busy) * (decoding * p_decode + (1.0 - decoding) * gpu.idle_w)
     return n * power.machine_power_w(timing.machine, per_gpu)
 
@@ -233,35 +234,27 @@ def _busy_cdf(x, tab: _BusyTable):
     return jnp.where(x > jnp.exp(tab.log_x0), v, tab.values[0] * below)
 
 
-def _component_cdf(t, shift, sd, weight, tab: _BusyTable | None, scale):
-    """CDF at t of sum_j weight_j P((W + shift_j + noise_j) / scale_j <= t).
+def _quantiles(shift, sd, weight, scale, tabs: _BusyTable, res: "Resolution"):
+    """P50/P90/P99 of sum_j weight_j P((W_r + shift_j + noise_j) / scale_j <= t).
 
-    The noise is logistic with the scale of a normal of s.d. `sd` (1.702 matches the
-    normal's slope at the median); it is cheaper than erf and equally smooth.
+    Arrays are (R, K, M): routes x prompt classes x output classes; `tabs` holds each
+    route's wait law. The noise is logistic with the scale of a normal of s.d. `sd`
+    (1.702 matches the normal's slope at the median): cheaper than erf, equally smooth.
     """
-    x = t * scale - shift
-    atom = jax.nn.sigmoid(1.702 * x / sd)
-    if tab is None:
-        return jnp.sum(weight * atom)
-    return jnp.sum(weight * ((1.0 - tab.p_wait) * atom + tab.p_wait * _busy_cdf(x, tab)))
 
-
-def _quantiles(parts, res: "Resolution"):
-    """parts: list of (shift, sd, weight, busy table or None, scale) of one metric."""
+    def cdf_one(t):
+        x = t * scale - shift
+        atom = jax.nn.sigmoid(1.702 * x / sd)
+        busy = jax.vmap(_busy_cdf)(x, tabs)
+        c = tabs.p_wait[:, None, None]
+        return jnp.sum(weight * ((1.0 - c) * atom + c * busy))
 
     def cdf(ts):
-        def one(t):
-            return sum(_component_cdf(t, *part) for part in parts)
+        return jax.vmap(cdf_one)(ts)
 
-        return jax.vmap(one)(ts)
-
-    los, his = [], []
-    for shift, sd, _, tab, scale in parts:
-        extra = 0.0 if tab is None else tab.x_max
-        los.append(jnp.min(jnp.maximum(shift - 6.0 * sd, 0.05 * shift) / scale))
-        his.append(jnp.max((shift + 8.0 * sd + extra) / scale))
-    lo = 0.5 * jnp.min(jnp.stack(los))
-    hi = 2.0 * jnp.max(jnp.stack(his))
+    extra = tabs.x_max[:, None, None] * (tabs.p_wait[:, None, None] > 0)
+    lo = 0.5 * jnp.min(jnp.maximum(shift - 6.0 * sd, 0.05 * shift) / scale)
+    hi = 2.0 * jnp.max((shift + 8.0 * sd + extra) / scale)
     return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), lo, hi, res.grid_points, res.refine_iters)
 
 
@@ -307,9 +300,12 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         rho0 = lam * e_s0 / jnp.maximum(n_p, 1e-6)
         x = softplus(rho0 - sched.draft_threshold, sched.draft_temperature) / jnp.maximum(rho0, 1e-9)
         x = smooth_min_one(x, 0.01) * (n_t / (n_t + 1e-3))
-        need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e12).batch_need
-        f = (1.0 - smooth_min_one(cap_T / jnp.maximum(need, 1e-9), 0.02)) * (n_p / (n_p + 1e-3))
-        st_t = pool_state(T, n_t, lam * x, wp, p, p_sq, lam * (1.0 - f), mean_iters, ctx, cap_T)
+        # Token pool without a memory limit, then held to what fits: the decodes that do
+        # not fit (Little's law at the capped batch) move to prompt machines.
+        need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e12).batch
+        b_t = smooth_min_pos(need, cap_T, 8.0)
+        st_t = pool_state_at(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, b_t)
+        f = jnp.clip(1.0 - b_t / jnp.maximum(st_t.batch_need, 1e-12), 0.0, 1.0) * (n_p / (n_p + 1e-3))
         st_p = pool_state(P, n_p, lam * (1.0 - x), wp, p, p_sq, lam * f, mean_iters, ctx, cap_P)
         w_p = wait_model(lam * (1.0 - x), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
         w_t = wait_model(lam * x, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
@@ -319,44 +315,43 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         pressure = need / cap_T
 
     jit_rel = sched.service_jitter_rel
-    a_ttft = cluster.alone.prompt_s(p, p_sq)
-    a_tbt = cluster.alone.alone_tbt_s(p)
+    a_ttft, a_tbt = cluster.alone.alone_s(p, p_sq)
     a_e2e = a_ttft[:, None] + a_tbt[:, None] * iters[None, :]
 
-    ttft_parts, e2e_parts, tbt_parts = [], [], []
+    # Mixture components, one (K, M) block per (prompt route, decode route); every metric
+    # uses the same block shape so one vmapped percentile solver serves all six
+    # (three metrics, as times and as slowdowns): one copy to compile.
+    blocks = {"ttft": [], "tbt": [], "e2e": []}
+    route_tables = []
+    route_weights = []
     for st, wm, wr in prompt_routes:
-        s = st.residual_s + st.prompt_s
-        ttft_parts.append((s, jit_rel * s, wr * wp, wm))
+        s_k = st.residual_s + st.prompt_s
+        table = _busy_table(wm, resolution)
         for st_d, wd in decode_routes:
             join = 0.5 * st_d.decode_s if cluster.kind != "baseline" else 0.0
             dec = kv[:, None] + join + iters[None, :] * st_d.tbt_mean_s
-            shift = s[:, None] + dec
-            sd = jnp.sqrt((jit_rel * shift) ** 2 + iters[None, :] * st_d.tbt_var_s2)
-            e2e_parts.append((shift, sd, wr * wd * w, wm))
-    for st_d, wd in decode_routes:
-        join = 0.5 * st_d.decode_s if cluster.kind != "baseline" else 0.0
-        mean = (kv[:, None] + join + iters[None, :] * st_d.tbt_mean_s) / o[None, :]
-        sd = jnp.sqrt((jit_rel * mean) ** 2 + iters[None, :] * st_d.tbt_var_s2 / o[None, :] ** 2)
-        tbt_parts.append((mean, sd, wd * w, None))
-
-    tables = {}
-
-    def tab(wm):
-        if wm is None:
-            return None
-        if id(wm) not in tables:
-            tables[id(wm)] = _busy_table(wm, resolution)
-        return tables[id(wm)]
-
-    def q(parts, scale):
-        return _quantiles([(s, sd, wt, tab(wm), scale) for s, sd, wt, wm in parts], resolution)
-
-    ttft = q(ttft_parts, 1.0)
-    e2e = q(e2e_parts, 1.0)
-    tbt = q(tbt_parts, 1.0)
-    sd_ttft = q(ttft_parts, a_ttft)
-    sd_e2e = q(e2e_parts, a_e2e)
-    sd_tbt = q(tbt_parts, a_tbt[:, None])
+            dec_var = iters[None, :] * st_d.tbt_var_s2
+            ttft_shift = jnp.broadcast_to(s_k[:, None], dec.shape)
+            e2e_shift = s_k[:, None] + dec
+            tbt_shift = dec / o[None, :]
+            blocks["ttft"].append((ttft_shift, jit_rel * ttft_shift))
+            blocks["e2e"].append((e2e_shift, jnp.sqrt((jit_rel * e2e_shift) ** 2 + dec_var)))
+            blocks["tbt"].append((tbt_shift, jnp.sqrt((jit_rel * tbt_shift) ** 2 + dec_var / o[None, :] ** 2)))
+            route_tables.append(table)
+            route_weights.append(wr * wd * w)
+    weights = jnp.stack(route_weights)
+    tabs = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *route_tables)
+    no_wait = tabs._replace(p_wait=jnp.zeros_like(tabs.p_wait))
+    ones = jnp.ones_like(weights)
+    variants = []
+    for metric, scale in (("ttft", ones), ("tbt", ones), ("e2e", ones),
+                          ("ttft", ones * a_ttft[:, None]), ("tbt", ones * a_tbt[:, None]), ("e2e", ones * a_e2e)):
+        shift = jnp.stack([b_[0] for b_ in blocks[metric]])
+        sd = jnp.stack([b_[1] for b_ in blocks[metric]])
+        variants.append((shift, sd, weights, scale, no_wait if metric == "tbt" else tabs))
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *variants)
+    out = jax.vmap(lambda v: _quantiles(*v, resolution))(stacked)
+    ttft, tbt, e2e, sd_ttft, sd_tbt, sd_e2e = (out[i] for i in range(6))
     slowdowns = jnp.stack([sd_ttft, sd_tbt, sd_e2e])
     margin = jnp.log(jnp.asarray(slo, float) / slowdowns)
     meets = jnp.all(margin > 0)
@@ -373,11 +368,11 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
 
     mean_p = jnp.dot(wp, p)
     mean_p2 = jnp.dot(wp, p_sq)
-    power_w = _pool_power_w(P, n_p, st_p, mean_p, mean_p2)
+    power_w = _pool_power_w(P, n_p, st_p, mean_p, mean_p2, ctx)
     cost = n_p * P.machine.cost_per_hour
     prov = n_p * power.provisioned_power_w(P.machine, P.cap_frac)
     if st_t is not None:
-        power_w = power_w + _pool_power_w(T, n_t, st_t, mean_p, mean_p2)
+        power_w = power_w + _pool_power_w(T, n_t, st_t, mean_p, mean_p2, ctx)
         cost = cost + n_t * T.machine.cost_per_hour
         prov = prov + n_t * power.provisioned_power_w(T.machine, T.cap_frac)
     rho_t = st_t.rho_prompt if st_t is not None else jnp.asarray(0.0)

@@ -44,8 +44,11 @@ class GPU:
     name: str = field(default="custom-gpu", metadata=_STATIC)
 
     def __post_init__(self):
+        # Only plain numbers are checked: JAX rebuilds these classes with tracers and with
+        # cotangents (which may be negative) when differentiating with respect to them.
         for f in ("peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s", "tdp_w", "idle_w", "min_cap_w"):
-            check_positive(f"GPU({self.name}).{f}", getattr(self, f))
+            if isinstance(getattr(self, f), (int, float)):
+                check_positive(f"GPU({self.name}).{f}", getattr(self, f))
 
 
 @jax.tree_util.register_dataclass
@@ -80,9 +83,11 @@ class Machine:
 
     def __post_init__(self):
         for f in ("nvlink_bytes_per_s", "ib_bytes_per_s", "cost_per_hour", "provisioned_power_w"):
-            check_positive(f"Machine({self.name}).{f}", getattr(self, f))
+            if isinstance(getattr(self, f), (int, float)):
+                check_positive(f"Machine({self.name}).{f}", getattr(self, f))
         for f in ("host_power_w", "kv_setup_s"):
-            check_positive(f"Machine({self.name}).{f}", getattr(self, f), allow_zero=True)
+            if isinstance(getattr(self, f), (int, float)):
+                check_positive(f"Machine({self.name}).{f}", getattr(self, f), allow_zero=True)
         if not isinstance(self.gpus_per_machine, int) or self.gpus_per_machine < 1:
             raise ValueError(
                 f"Machine({self.name}).gpus_per_machine must be an integer >= 1, got {self.gpus_per_machine!r}"

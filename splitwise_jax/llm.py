@@ -40,8 +40,10 @@ class LLM:
     name: str = field(default="custom-llm", metadata=_STATIC)
 
     def __post_init__(self):
-        check_positive(f"LLM({self.name}).n_params", self.n_params)
-        check_positive(f"LLM({self.name}).bytes_per_param", self.bytes_per_param)
+        # Plain numbers only: JAX rebuilds the class with tracers and cotangents.
+        for f in ("n_params", "bytes_per_param"):
+            if isinstance(getattr(self, f), (int, float)):
+                check_positive(f"LLM({self.name}).{f}", getattr(self, f))
         for f in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:

@@ -110,29 +110,45 @@ def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, c
     """Clock fraction f at which the iteration's power meets the cap, and the latency at f.
 
     With t(f) = overlap_p(roofline_p(compute / f, memory / f^s) + comm / f, fixed / f) and
-    energy above idle E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory) f^(d-1), solve
-    E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is unique; and
-    because E falls when bandwidth or FLOP/s rise, the capped latency (= E(f)/(cap-idle)
-    when the cap binds) never rises with them. The earlier closed form, which took the
-    full-clock power times f^d, ignored that memory time barely stretches and let
-    latency rise with bandwidth by up to ~5% at the floor cap.
+    energy above idle E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory)
+    f^(d-1), solve E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is
+    unique; and because E falls when bandwidth or FLOP/s rise, the capped latency
+    (= E(f)/(cap-idle) when the cap binds) never rises with them. The earlier closed
+    form, which took the full-clock power times f^d, ignored that memory time barely
+    stretches and let latency rise with bandwidth by up to ~5% at the floor cap.
+
+    Gradients use the implicit function theorem: the Newton iterations run on
+    stop-gradient inputs and one last Newton step, with the slope held constant, carries
+    dx = -dr / r'(x*) (exact at the root). Differentiating through the unrolled
+    iterations instead gives the same first derivatives but a ~10x larger reverse-mode
+    graph, which made the calibration's jit take minutes to compile.
     """
-    d = params.dvfs_exponent
+
+    def residual_fn(params, compute, memory, comm, fixed, headroom):
+        d = params.dvfs_exponent
+        log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory)
+
+        def residual(x):  # log(power above idle at f / headroom); increasing in x
+            return (log_energy + (d - 1.0) * x - jnp.log(_time_at_clock(params, compute, memory, comm, fixed, x))
+                    - jnp.log(headroom))
+
+        return residual
+
     headroom = jnp.maximum(cap_frac * gpu.tdp_w - gpu.idle_w, 1e-3) / (gpu.tdp_w - gpu.idle_w)
-    log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory)
+    args = (params, compute, memory, comm, fixed, headroom)
+    residual_sg = residual_fn(*jax.lax.stop_gradient(args))
+    def newton(_, x):
+        r, dr = jax.jvp(residual_sg, (x,), (jnp.ones_like(x),))
+        return x - r / dr
 
-    def t_at(x):  # x = log f
-        return _time_at_clock(params, compute, memory, comm, fixed, x)
-
-    def residual(x):  # log(power above idle at f / headroom); increasing in x
-        return log_energy + (d - 1.0) * x - jnp.log(t_at(x)) - jnp.log(headroom)
-
-    x = -residual(jnp.zeros_like(compute)) / d  # exact if every component stretched as 1/f
-    for _ in range(_CLOCK_NEWTON_STEPS):
-        r, dr = jax.jvp(residual, (x,), (jnp.ones_like(x),))
-        x = x - r / dr
+    # start: exact if every component stretched as 1/f; a fori_loop (nothing flows
+    # back through it) compiles one Newton step instead of _CLOCK_NEWTON_STEPS copies
+    x0 = -residual_sg(jnp.zeros_like(compute)) / jax.lax.stop_gradient(params.dvfs_exponent)
+    x = jax.lax.fori_loop(0, _CLOCK_NEWTON_STEPS, newton, x0)
+    _, slope = jax.jvp(residual_sg, (x,), (jnp.ones_like(x),))
+    x = x - residual_fn(*args)(x) / slope
     clock = smooth_min_one(jnp.exp(x), _CLOCK_TEMPERATURE)
-    return clock, t_at(jnp.log(clock))
+    return clock, _time_at_clock(params, compute, memory, comm, fixed, jnp.log(clock))
 
 
 class IterationBreakdown(NamedTuple):

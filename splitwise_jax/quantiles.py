@@ -59,8 +59,7 @@ def mixture_quantiles(cdf: Callable, qs, lo, hi, grid_points: int = 24, refine_i
         return a_new, b_new, fa_new, fb_new, jnp.where(left, -1, 1)
 
     state = (a, b, fa, fb, jnp.zeros(qs.shape, int))
-    for i in range(refine_iters):  # unrolled so XLA fuses the short loop
-        state = illinois(i, state)
+    state = jax.lax.fori_loop(0, refine_iters, illinois, state)
     a, b, fa, fb, _ = state
     log_t0 = jax.lax.stop_gradient(a + (qs - fa) * (b - a) / jnp.maximum(fb - fa, 1e-300))
     log_t0 = jnp.clip(log_t0, llo, lhi)

@@ -42,6 +42,10 @@ class CalibratedTiming:
     def _it(self, batch: Batch):
         return phases.iteration(self.params, self.machine, self.llm, batch, tp=self.tp, cap_frac=self.cap_frac)
 
+    def iteration_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs, decode_seqs, decode_ctx_tokens):
+        """Any iteration (arrays broadcast): one phase-model call for many batches."""
+        return self._it(Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens, decode_seqs, decode_ctx_tokens)).latency_s
+
     def prompt_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs=1.0):
         return self._it(Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens)).latency_s
 
@@ -56,6 +60,18 @@ class CalibratedTiming:
     def alone_tbt_s(self, prompt_tokens):
         """A request's own decode iteration time when running alone."""
         return self.decode_s(1.0, prompt_tokens)
+
+    def alone_s(self, prompt_tokens, prompt_sq_tokens):
+        """(TTFT, TBT) of each request running alone, from one phase-model call."""
+        k = prompt_tokens.shape[0]
+        z, one = jnp.zeros(k), jnp.ones(k)
+        t = self.iteration_s(jnp.concatenate([prompt_tokens, z]), jnp.concatenate([prompt_sq_tokens, z]),
+                             jnp.concatenate([one, z]), jnp.concatenate([z, one]), jnp.concatenate([z, prompt_tokens]))
+        return t[:k], t[k:]
+
+    def power_w(self, prompt_tokens, prompt_sq_tokens, prompt_seqs, decode_seqs, decode_ctx_tokens):
+        """Per-GPU power of iterations (arrays broadcast)."""
+        return self._it(Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens, decode_seqs, decode_ctx_tokens)).power_w
 
     def prompt_power_w(self, prompt_tokens, prompt_sq_tokens):
         return self._it(Batch(prompt_tokens, 1.0, prompt_sq_tokens)).power_w
@@ -76,6 +92,10 @@ class SimTableTiming:
     table: sim_table.SimTable
     power_model: CalibratedTiming
 
+    def iteration_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs, decode_seqs, decode_ctx_tokens):
+        """Any iteration, dispatched on its contents as SplitwiseSim does."""
+        return sim_table.iteration_time_s(self.table, prompt_tokens, decode_seqs)
+
     def prompt_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs=1.0):
         return sim_table.prompt_time_s(self.table, prompt_tokens)
 
@@ -88,6 +108,12 @@ class SimTableTiming:
     def alone_tbt_s(self, prompt_tokens):
         # SplitwiseSim's notebook evaluates the token curve at x = the prompt size.
         return sim_table.token_time_s(self.table, prompt_tokens)
+
+    def alone_s(self, prompt_tokens, prompt_sq_tokens):
+        return sim_table.prompt_time_s(self.table, prompt_tokens), self.alone_tbt_s(prompt_tokens)
+
+    def power_w(self, *batch):
+        return self.power_model.power_w(*batch)
 
     def prompt_power_w(self, prompt_tokens, prompt_sq_tokens):
         return self.power_model.prompt_power_w(prompt_tokens, prompt_sq_tokens)

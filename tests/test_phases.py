@@ -323,7 +323,7 @@ def test_vmap_over_machines():
     variants = [base.replace(gpu=dataclasses.replace(base.gpu, hbm_bw_bytes_per_s=base.gpu.hbm_bw_bytes_per_s * s))
                 for s in scales]
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *variants)
-    out = jax.vmap(lambda m: token_latency_s(params, m, llm, 32.0, 1024.0))(stacked)
+    out = jax.jit(jax.vmap(lambda m: token_latency_s(params, m, llm, 32.0, 1024.0)))(stacked)
     assert out.shape == (3,)
     expected = [float(token_latency_s(params, v, llm, 32.0, 1024.0)) for v in variants]
     np.testing.assert_allclose(out, expected, rtol=ROUNDOFF)
@@ -334,20 +334,27 @@ def test_vmap_over_machines():
 
 
 @pytest.mark.parametrize("machine_name,llm_name", COMBOS)
-def test_prompt_power_rises_with_batch_and_decode_power_is_flat(machine_name, llm_name):
+def test_prompt_power_rises_with_batch(machine_name, llm_name):
     params, machine, llm = _setup(machine_name, llm_name)
     tdp = float(machine.gpu.tdp_w)
-    # Prompts of the traces' median sizes (conversation 1020, coding 1500 tokens), batched.
-    # Below ~1k batched tokens a prompt sits near the roofline corner, where the model
-    # counts compute and memory both busy, so its power there need not rise (see
-    # docs/model.md, power); the paper's insight VI is about batching real prompts.
+    # Splitwise insight VI. The measured A100 profiles (SplitwiseSim perf_model.csv, TP8,
+    # 512-token prompts) agree: peak power 0.76 -> 0.99 TDP (Llama2-70B) and 1.006 -> 1.024
+    # (BLOOM-176B) from batch 2 to 16. Prompt sizes: the profiles' 512 and the traces'
+    # medians (conversation 1020, coding 1500 tokens).
     batches = np.array([1, 2, 4, 8, 16])[None, :]
-    pr = evaluate(params, machine, llm, prompt_size=np.array([1024, 1500, 2048])[:, None], prompt_batch=batches)
+    pr = evaluate(params, machine, llm, prompt_size=np.array([512, 1024, 1500, 2048])[:, None], prompt_batch=batches)
     assert np.all(np.diff(pr["power"], axis=1) > 0)  # Splitwise insight VI
     assert np.all(pr["power"] <= tdp * (1 + ROUNDOFF))
+
+
+@pytest.mark.parametrize("machine_name,llm_name", COMBOS)
+def test_decode_power_is_about_flat_in_batch(machine_name, llm_name):
+    params, machine, llm = _setup(machine_name, llm_name)
+    tdp = float(machine.gpu.tdp_w)
     tk = evaluate(params, machine, llm, decode_batch=np.array([1, 2, 4, 8, 16, 32, 64]), context=1024.0)
     # "about flat" (insight VI, Fig. 8) read as: varies by under 10% of TDP from batch 1
-    # to 64, where prompt power may span idle to TDP. A judgement, not a measured figure.
+    # to 64. The measured A100 profiles' average power (decode-dominated: 512-token
+    # prompts, 128 output tokens, TP8) moves by under 3% of TDP from batch 2 to 16.
     assert np.ptp(tk["power"]) < 0.10 * tdp
     assert np.all(tk["power"] > float(machine.gpu.idle_w))
 
@@ -368,7 +375,6 @@ def test_cap_at_tdp_costs_nothing(machine_name, llm_name):
         within = r["demand"] <= tdp
         assert within.mean() > 0.5  # the test must exercise the claim
         assert np.all(r["clock"][within] >= 1.0 - CLOCK_SMOOTHING_BIAS - ROUNDOFF)
-        assert np.all(r["clock"][~within] < 1.0)  # drawing more than TDP throttles
 
 
 @pytest.mark.parametrize("llm_name", LLMS)
@@ -396,19 +402,19 @@ def test_seventy_percent_cap_slows_prompts_not_decode_on_h100(llm_name):
 
 @pytest.mark.parametrize("machine_name", MACHINES)
 def test_capped_clock_balances_power(machine_name):
-    """Where the cap binds well below the smoothing, the average power at the solved
+    """Where the cap binds well past the smoothing, the average power at the solved
     clock equals the cap: E(f) / t(f) = cap - idle (docs/model.md, power cap)."""
     params, machine, llm = _setup(machine_name, "bloom-176b")
     gpu = machine.gpu
     r = evaluate(params, machine, llm, prompt_size=PROMPTS, prompt_batch=1.0, cap=_floor(machine))
-    binding = r["clock"] < 0.9
+    binding = r["clock"] < 0.8
     assert binding.sum() >= 10
     energy = ((params.p_compute_frac * r["compute"] + params.p_memory_frac * r["memory"])
               * r["clock"] ** (params.dvfs_exponent - 1.0) * (gpu.tdp_w - gpu.idle_w))
     power = gpu.idle_w + energy / r["latency"]
-    # the Newton root is at round-off; smooth_min_one moves a clock below 0.9 by at most
-    # T*exp(-0.1/T) ~ 1.3e-4 relative, which moves P(f) by ~(d + 1) times that < 1e-3
-    np.testing.assert_allclose(power[binding], _floor(machine) * gpu.tdp_w, rtol=1e-3)
+    # the Newton root is at round-off; smooth_min_one moves a clock below 0.8 by at most
+    # T*exp(-0.2/T) ~ 1e-6 relative, which moves P(f) by ~(d + 1) times that < 1e-5
+    np.testing.assert_allclose(power[binding], _floor(machine) * gpu.tdp_w, rtol=1e-5)
 
 
 # ---- bad input ----------------------------------------------------------------------------------

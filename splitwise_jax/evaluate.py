@@ -1,0 +1,129 @@
+"""`python -m splitwise_jax.evaluate`: predict one cluster's latency, SLOs, power and cost.
+
+Example:
+    python -m splitwise_jax.evaluate --design splitwise-hh --prompt-machines 27 \
+        --token-machines 3 --workload coding --rate 70 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import jax
+import numpy as np
+
+from splitwise_jax.cluster import PERCENTILES, ClusterMetrics, evaluate
+from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES, make_cluster
+from splitwise_jax.workload import workload as load_workload
+
+STATUS_BITS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
+               8: "mixed-pool-active"}
+_PCT = ("p50", "p90", "p99")
+
+
+def status_words(code) -> list[str]:
+    code = int(code)
+    return [w for bit, w in STATUS_BITS.items() if code & bit] or ["ok"]
+
+
+def metrics_to_dict(m: ClusterMetrics) -> dict:
+    """The CLI's JSON object from evaluate's metrics (plain floats)."""
+    def trip(a):
+        return {k: float(v) for k, v in zip(_PCT, np.asarray(a))}
+
+    margins = np.asarray(m.slo_margin)
+    return {
+        "ttft_s": trip(m.ttft_s), "tbt_s": trip(m.tbt_s), "e2e_s": trip(m.e2e_s),
+        "slowdown": {"ttft": trip(m.slowdown_ttft), "tbt": trip(m.slowdown_tbt), "e2e": trip(m.slowdown_e2e)},
+        "slo_margin_log": {name: trip(margins[i]) for i, name in enumerate(("ttft", "tbt", "e2e"))},
+        "meets_slo": bool(m.meets_slo),
+        "throughput_rps": float(m.throughput_rps),
+        "cost_per_hour": float(m.cost_per_hour),
+        "power_kw": float(m.power_kw),
+        "provisioned_power_kw": float(m.provisioned_power_kw),
+        "utilisation": {"prompt_pool_rho": float(m.rho_prompt_pool), "token_pool_prompt_rho": float(m.rho_token_pool),
+                        "prompt_pool_mean_batch": float(m.batch_prompt_pool),
+                        "token_pool_mean_batch": float(m.batch_token_pool),
+                        "kv_memory_pressure": float(m.memory_pressure)},
+        "mixed_pool": {"prompts_drafted_frac": float(m.mixed_prompt_frac),
+                       "decodes_moved_frac": float(m.mixed_decode_frac)},
+        "status": " ".join(status_words(m.status)),
+    }
+
+
+def format_table(d: dict, title: str) -> str:
+    lines = [title, f"{'metric':<10}{'P50':>12}{'P90':>12}{'P99':>12}   slowdown P50/P90/P99"]
+    for name in ("ttft", "tbt", "e2e"):
+        t = d[f"{name}_s"]
+        s = d["slowdown"][name]
+        lines.append(f"{name.upper() + ' (s)':<10}{t['p50']:>12.4f}{t['p90']:>12.4f}{t['p99']:>12.4f}   "
+                     f"{s['p50']:.2f} / {s['p90']:.2f} / {s['p99']:.2f}")
+    u = d["utilisation"]
+    lines += [
+        f"meets all nine Table VI SLOs: {'yes' if d['meets_slo'] else 'no'}",
+        f"throughput {d['throughput_rps']:.2f} req/s   cost ${d['cost_per_hour']:.2f}/h   "
+        f"power {d['power_kw']:.1f} kW (provisioned {d['provisioned_power_kw']:.1f} kW)",
+        f"prompt-pool load {u['prompt_pool_rho']:.2f}   token-pool batch {u['token_pool_mean_batch']:.1f}   "
+        f"KV memory pressure {u['kv_memory_pressure']:.2f}",
+        f"mixed pool: {100 * d['mixed_pool']['prompts_drafted_frac']:.1f}% prompts drafted, "
+        f"{100 * d['mixed_pool']['decodes_moved_frac']:.1f}% decodes moved",
+        f"status: {d['status']}",
+    ]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m splitwise_jax.evaluate", description=__doc__.splitlines()[0])
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="splitwise-hh")
+    ap.add_argument("--machines", type=float, help="machines of a baseline design")
+    ap.add_argument("--prompt-machines", type=float, help="prompt machines (Splitwise; DGX-H100 for HA)")
+    ap.add_argument("--token-machines", type=float, help="token machines (Splitwise; DGX-A100 for HA)")
+    ap.add_argument("--workload", default="coding", help="coding, conversation, or a trace CSV path")
+    ap.add_argument("--rate", type=float, help="arrival rate, req/s (default: the trace's, 70 for presets)")
+    ap.add_argument("--horizon", type=float, default=120.0, help="length of the arrival window, s")
+    ap.add_argument("--model", choices=["bloom-176b", "llama2-70b"], default="bloom-176b")
+    ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
+    ap.add_argument("--transfer", choices=TRANSFER_MODES, default="serialized", help="KV-cache transfer mode")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    baseline = DESIGNS[a.design].kind == "baseline"
+    if baseline:
+        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
+            ap.error(f"--design {a.design} is a baseline: give --machines N (and not --prompt/--token-machines)")
+        sizes = (a.machines, 0.0)
+    else:
+        if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
+            ap.error(f"--design {a.design} needs --prompt-machines P and --token-machines T (not --machines)")
+        sizes = (a.prompt_machines, a.token_machines)
+    for name, v in (("--machines" if baseline else "--prompt-machines", sizes[0]),
+                    ("--token-machines", sizes[1] if not baseline else 1.0),
+                    ("--horizon", a.horizon), ("--rate", a.rate if a.rate is not None else 1.0)):
+        if not (math.isfinite(v) and v > 0):
+            ap.error(f"{name} must be a positive finite number, got {v}")
+    try:
+        wl = load_workload(a.workload, rate_per_s=a.rate)
+        cluster = make_cluster(a.design, sizes[0], sizes[1], model=a.model, phase_model=a.phase_model,
+                               transfer_mode=a.transfer)
+    except (ValueError, FileNotFoundError) as e:
+        ap.error(str(e))
+    m = jax.jit(evaluate)(cluster, wl, a.horizon)
+    d = metrics_to_dict(m)
+    if a.json:
+        print(json.dumps(d))
+    else:
+        what = f"{sizes[0]:g} machines" if baseline else f"{sizes[0]:g} prompt + {sizes[1]:g} token machines"
+        print(format_table(d, f"{a.design}, {what}, {a.model}, {a.workload} at {float(wl.rate_per_s):g} req/s, "
+                              f"{a.phase_model} phases"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
