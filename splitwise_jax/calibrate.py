@@ -69,8 +69,10 @@ class FitConfig:
         exclude_outliers: drop the configurations `profiles.flag_outliers` flags.
     """
 
-    per_gpu_fields: tuple[str, ...] = ("mfu_max", "bw_eff", "t_iter_s", "t_layer_s")
-    frozen_fields: tuple[str, ...] = ("kv_link_eff",)
+    per_gpu_fields: tuple[str, ...] = ("mfu_max", "n_half_tokens", "bw_eff", "kv_bw_eff", "link_eff",
+                                       "allreduce_latency_s", "t_iter_s", "t_layer_s", "t_prompt_seq_s",
+                                       "t_decode_seq_s", "t_ctx_token_s")
+    frozen_fields: tuple[str, ...] = ("knee_tokens", "knee_exp", "kv_link_eff")
     steps: int = 3000
     learning_rate: float = 0.05
     huber_scale: float = 0.05
@@ -83,6 +85,16 @@ class FitConfig:
 
     def replace(self, **changes) -> "FitConfig":
         return dataclasses.replace(self, **changes)
+
+
+#: Where every fit starts, and what the prior penalty pulls shared values towards: the
+#: physical prior, except that the compute roll-off (knee_tokens, knee_exp) is moved out
+#: of the profiled range and frozen, because the all-reduce step
+#: (phases.allreduce_slowdown) describes the data's step at 2-4k tokens and, bounded,
+#: extrapolates sanely, whereas an unbounded roll-off fitted to 8k tokens multiplied
+#: prompt time at 32k tokens by ~20 in split (b).
+FIT_START = PRIOR.replace(knee_tokens=1e6, knee_exp=1.0, overlap_p=3.0, n_half_tokens=30.0, link_eff=0.3,
+                          comm_knee_slowdown=1.0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,7 +237,7 @@ def predict_rows(params: PhaseParams, machine: Machine, llm, prompt_size, batch_
 # (1 + exp). Everything else is positive: log space.
 
 UNIT_FIELDS: frozenset[str] = frozenset(
-    {"mfu_max", "bw_eff", "kv_bw_eff", "link_eff", "kv_link_eff", "mem_clock_sensitivity"})
+    {"mfu_max", "attn_eff", "bw_eff", "kv_bw_eff", "link_eff", "kv_link_eff", "mem_clock_sensitivity"})
 ABOVE_ONE_FIELDS: frozenset[str] = frozenset({"roofline_p", "overlap_p", "dvfs_exponent"})
 _KIND = np.array([1 if f in UNIT_FIELDS else 2 if f in ABOVE_ONE_FIELDS else 0 for f in FIELDS])
 
@@ -390,7 +402,7 @@ def outlier_ids(medians: pd.DataFrame) -> set[int]:
     return set(int(i) for i in flags["config_id"].tolist())
 
 
-def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=None, start: PhaseParams = PRIOR,
+def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=None, start: PhaseParams = FIT_START,
         progress: bool = True, desc: str = "calibrating") -> tuple[Fitted, list[float]]:
     """Fit the phase model to configuration medians by Adam on the robust log-error loss.
 

@@ -34,7 +34,7 @@ from jax.scipy.stats import norm
 
 from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.pool import PoolState, pool_state, pool_state_at
+from splitwise_jax.pool import _MEMORY_P, PoolState, pool_state, pool_state_at
 from splitwise_jax.quantiles import mixture_quantiles
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
 from splitwise_jax.workload import Workload
@@ -70,8 +70,9 @@ class Scheduling:
 
     Attributes:
         draft_threshold: prompt-pool load above which prompts overflow to token
-            machines (SplitwiseSim drafts when >8,192 tokens are pending, which happens
-            as the pool nears saturation).
+            machines. SplitwiseSim drafts when the least-loaded prompt machine has
+            >8,192 tokens pending, which starts before saturation; 0.9 was chosen
+            between 0.9 and 1.0 by the reference runs at 110 req/s (docs/cluster.md).
         draft_temperature: smoothness of that overflow (load units).
         memory_reserve_frac: HBM fraction not available to the KV cache.
         service_jitter_rel: relative spread given to each class's deterministic
@@ -79,7 +80,7 @@ class Scheduling:
             it also turns CDF steps into slopes so percentiles have gradients.
     """
 
-    draft_threshold: jax.Array | float = 1.0
+    draft_threshold: jax.Array | float = 0.9
     draft_temperature: jax.Array | float = 0.03
     memory_reserve_frac: jax.Array | float = 0.0
     service_jitter_rel: jax.Array | float = 0.03
@@ -303,7 +304,7 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         # Token pool without a memory limit, then held to what fits: the decodes that do
         # not fit (Little's law at the capped batch) move to prompt machines.
         need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e12).batch
-        b_t = smooth_min_pos(need, cap_T, 8.0)
+        b_t = smooth_min_pos(need, cap_T, _MEMORY_P)
         st_t = pool_state_at(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, b_t)
         f = jnp.clip(1.0 - b_t / jnp.maximum(st_t.batch_need, 1e-12), 0.0, 1.0) * (n_p / (n_p + 1e-3))
         st_p = pool_state(P, n_p, lam * (1.0 - x), wp, p, p_sq, lam * f, mean_iters, ctx, cap_P)

@@ -37,6 +37,8 @@ class PhaseParams:
             (tile/wave under-utilisation of small batches).
         knee_tokens, knee_exp: efficiency roll-off past this many batch tokens
             (Splitwise insight IV: prompt throughput falls beyond ~2048 tokens).
+        attn_eff: efficiency of attention (score, softmax, weighted sum) relative to
+            the GEMMs, in (0, 1].
     Memory:
         bw_eff: achieved fraction of HBM bandwidth when streaming weights.
         kv_bw_eff: achieved fraction of HBM bandwidth in attention over the KV cache.
@@ -49,6 +51,9 @@ class PhaseParams:
             cache bookkeeping), seconds.
         overlap_p: exponent (>= 1) of the p-norm joining GPU time and host time:
             1 = serial (sum), large = fully overlapped (max).
+        fixed_bw_exponent: the fixed costs above are for a GPU with 2,039 GB/s of HBM
+            bandwidth (A100-80GB) and scale as (2,039 GB/s / bw)^fixed_bw_exponent
+            on others (latency-bound work tracks the memory system's generation).
     Tensor parallel:
         allreduce_latency_s: latency of one step of a ring all-reduce (2 (tp-1) steps
             per all-reduce), seconds.
@@ -59,6 +64,7 @@ class PhaseParams:
     Power (fractions of TDP - idle) and DVFS:
         p_compute_frac: power above idle at full compute utilisation.
         p_memory_frac: power above idle at full memory-bandwidth utilisation.
+        p_comm_frac: power above idle while all-reduce runs.
         dvfs_exponent: power above idle scales as clock**dvfs_exponent.
         mem_clock_sensitivity: how much memory-bound time stretches with the clock
             (0 = not at all; paper insight VII says decode barely slows).
@@ -70,6 +76,7 @@ class PhaseParams:
     n_half_tokens: float = 96.0
     knee_tokens: float = 4096.0
     knee_exp: float = 1.0
+    attn_eff: float = 0.5
     bw_eff: float = 0.8
     kv_bw_eff: float = 0.5
     roofline_p: float = 4.0
@@ -79,6 +86,7 @@ class PhaseParams:
     t_decode_seq_s: float = 3e-4
     t_ctx_token_s: float = 2e-7
     overlap_p: float = 2.0
+    fixed_bw_exponent: float = 1.0
     allreduce_latency_s: float = 3e-6
     link_eff: float = 0.7
     comm_knee_tokens: float = 3000.0
@@ -86,6 +94,7 @@ class PhaseParams:
     comm_knee_slowdown: float = 0.5
     p_compute_frac: float = 0.95
     p_memory_frac: float = 0.55
+    p_comm_frac: float = 0.3
     dvfs_exponent: float = 1.6
     mem_clock_sensitivity: float = 0.15
     kv_link_eff: float = 0.9

@@ -72,6 +72,9 @@ from splitwise_jax.params import PhaseParams
 from splitwise_jax import power as _power
 
 _ACT_BYTES = 2.0  # fp16 activations in all-reduce
+# Fixed costs are given for a GPU with this HBM bandwidth (A100-80GB's 2,039 GB/s) and
+# scale as (FIXED_COST_REF_BW / bw)^fixed_bw_exponent on others (see the module docstring).
+FIXED_COST_REF_BW_BYTES_PER_S = 2.039e12
 
 # Newton steps for the capped clock. Started from the closed form that assumes every
 # time component stretches as 1/f, the residual is below 1e-9 after 3 steps and at
@@ -126,7 +129,8 @@ def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, c
 
     def residual_fn(params, compute, memory, comm, fixed, headroom):
         d = params.dvfs_exponent
-        log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory)
+        log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory
+                             + params.p_comm_frac * comm)
 
         def residual(x):  # log(power above idle at f / headroom); increasing in x
             return (log_energy + (d - 1.0) * x - jnp.log(_time_at_clock(params, compute, memory, comm, fixed, x))
@@ -199,9 +203,10 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
         check_positive(f"batch.{f}", getattr(batch, f), allow_zero=True, unit="(count)")
     L, d = llm.n_layers, llm.d_model
     new = batch.new_tokens
+    # attention runs at attn_eff of the GEMMs' efficiency (softmax, masking, s^2 scores)
     flops = (2.0 * llm.n_params * new
-             + 2.0 * L * d * jnp.asarray(batch.prompt_sq_tokens)
-             + 4.0 * L * d * jnp.asarray(batch.decode_ctx_tokens))
+             + (2.0 * L * d * jnp.asarray(batch.prompt_sq_tokens)
+                + 4.0 * L * d * jnp.asarray(batch.decode_ctx_tokens)) / params.attn_eff)
     compute = safe_div(flops, tp * gpu.peak_flops_per_s * gemm_efficiency(params, new))
 
     kv_tok = kv_bytes_per_token(llm)
@@ -215,15 +220,18 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
                        + ring * new * d * _ACT_BYTES * allreduce_slowdown(params, new)
                        / (machine.nvlink_bytes_per_s * params.link_eff))
             if tp > 1 else jnp.zeros_like(new))
-    fixed = (params.t_iter_s + L * params.t_layer_s
-             + jnp.asarray(batch.prompt_seqs) * params.t_prompt_seq_s
-             + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s
-             + jnp.asarray(batch.decode_ctx_tokens) * params.t_ctx_token_s)
+    fixed = ((params.t_iter_s + L * params.t_layer_s
+              + jnp.asarray(batch.prompt_seqs) * params.t_prompt_seq_s
+              + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s
+              + jnp.asarray(batch.decode_ctx_tokens) * params.t_ctx_token_s)
+             * safe_pow(FIXED_COST_REF_BW_BYTES_PER_S / bw, params.fixed_bw_exponent))
 
     full_clock = _time_at_clock(params, compute, memory, comm, fixed, 0.0)
     u_compute = compute / full_clock
     u_memory = memory / full_clock
-    demand = _power.power_demand_w(params, gpu, u_compute, u_memory)
+    # all-reduce time draws power too (reduction kernels, NVLink): p_comm_frac of TDP - idle
+    demand = (_power.power_demand_w(params, gpu, u_compute, u_memory)
+              + (gpu.tdp_w - gpu.idle_w) * params.p_comm_frac * comm / full_clock)
     clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, cap_frac)
     power = _power.capped_power_w(gpu, demand, cap_frac)
     return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power)

@@ -1,0 +1,141 @@
+"""Predict profile-style prompt and token times with the calibrated phase model.
+
+    python -m splitwise_jax.predict [--params params.json] --queries queries.csv --out out.csv
+
+The queries file has one row per configuration with the columns of SplitwiseSim's
+``perf_model.csv`` that define it: ``model, hardware, tensor_parallel, prompt_size,
+batch_size, token_size``. The output is the same rows (every input column kept, in
+order) with ``prompt_time`` and ``token_time`` in milliseconds, meaning what they mean
+in the profiles: the time of the prompt iteration over ``batch_size`` prompts of
+``prompt_size`` tokens, and the mean decode-iteration time while those ``batch_size``
+requests generate ``token_size`` tokens each. Existing ``prompt_time`` / ``token_time``
+columns are overwritten.
+
+Hardware names are the profiles' (``a100-80gb``, ``h100-80gb``, ``h100-80gb-pcap`` = H100
+at a 70% power cap); models are the catalogue's. Bad arguments or queries print a
+message naming the problem to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from splitwise_jax.catalog import MACHINE_OF_HARDWARE, get_machine, llm_names
+
+QUERY_COLUMNS: tuple[str, ...] = ("model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size")
+_SIZE_COLUMNS = ("tensor_parallel", "prompt_size", "batch_size", "token_size")
+
+
+def validate_queries(df: pd.DataFrame, *, source: str = "queries") -> pd.DataFrame:
+    """Check a queries table; returns a copy with sizes as int64 and names as str.
+
+    Raises:
+        ValueError: a missing column, an unknown model or hardware, a size that is not a
+            positive integer, or a tensor-parallel degree above the machine's GPU count.
+            The message names the column, the first offending row and what is accepted.
+    """
+    missing = [c for c in QUERY_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{source} lacks column(s) {missing}; required: {list(QUERY_COLUMNS)}, "
+                         f"found: {list(df.columns)}")
+    if df.empty:
+        raise ValueError(f"{source} has no rows")
+    out = df.copy()
+
+    def first(mask) -> str:
+        i = int(np.flatnonzero(np.asarray(mask))[0])
+        return f"data row {i} (file line {i + 2})"
+
+    for col, accepted in (("model", llm_names()), ("hardware", sorted(MACHINE_OF_HARDWARE))):
+        names = out[col].astype(str).str.strip()
+        bad = ~names.isin(accepted) | out[col].isna()
+        if bad.any():
+            raise ValueError(f"{source}: unknown {col} {out[col][bad].iloc[0]!r} in {first(bad)}; "
+                             f"accepted: {accepted}")
+        out[col] = names
+    for col in _SIZE_COLUMNS:
+        v = pd.to_numeric(out[col], errors="coerce")
+        bad = v.isna() | ~np.isfinite(v) | (v <= 0) | (v != np.round(v))
+        if bad.any():
+            raise ValueError(f"{source}: column {col!r} must hold positive integers; got "
+                             f"{out[col][bad].iloc[0]!r} in {first(bad)}")
+        out[col] = v.astype("int64")
+    gpus = out["hardware"].map(lambda h: get_machine(MACHINE_OF_HARDWARE[h]).gpus_per_machine)
+    bad = out["tensor_parallel"] > gpus
+    if bad.any():
+        raise ValueError(f"{source}: tensor_parallel {int(out['tensor_parallel'][bad].iloc[0])} exceeds the "
+                         f"{int(gpus[bad].iloc[0])} GPUs of the machine in {first(bad)}")
+    return out
+
+
+def predict_queries(queries: pd.DataFrame, params_path: str | Path | None = None) -> pd.DataFrame:
+    """The queries with prompt_time and token_time (ms) predicted.
+
+    Args:
+        queries: rows with `QUERY_COLUMNS` (validated here).
+        params_path: a params file from `python -m splitwise_jax.calibrate` (default:
+            the fit shipped in the package).
+
+    Returns:
+        The rows, every input column kept, prompt_time and token_time set (ms).
+
+    Raises:
+        ValueError: bad queries or an unreadable params file.
+    """
+    from splitwise_jax.calibrate import Fitted, predict_frame
+
+    q = validate_queries(queries)
+    fitted = Fitted.load(params_path)
+    pred = predict_frame(fitted, q)
+    out = queries.copy()
+    out["prompt_time"] = pred["prompt_time"].to_numpy()
+    out["token_time"] = pred["token_time"].to_numpy()
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m splitwise_jax.predict",
+        description="Predict prompt_time and token_time (ms) for profile-style configurations.")
+    p.add_argument("--params", default=None,
+                   help="params JSON written by `python -m splitwise_jax.calibrate` (default: the shipped fit)")
+    p.add_argument("--queries", required=True,
+                   help=f"CSV with columns {','.join(QUERY_COLUMNS)}")
+    p.add_argument("--out", required=True, help="CSV to write (the queries plus prompt_time, token_time in ms)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        path = Path(args.queries)
+        if not path.is_file():
+            raise ValueError(f"--queries {path} does not exist")
+        try:
+            queries = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise ValueError(f"--queries {path} is not a readable CSV: {e}") from None
+        if args.params is not None and not Path(args.params).is_file():
+            raise ValueError(f"--params {args.params} does not exist")
+        out = predict_queries(queries, args.params)
+        out_path = Path(args.out)
+        if not out_path.parent.is_dir():
+            raise ValueError(f"--out {out_path}: folder {out_path.parent} does not exist")
+        out.to_csv(out_path, index=False)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(out)} predictions to {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
