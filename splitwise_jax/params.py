@@ -36,21 +36,22 @@ class PhaseParams:
         n_half_tokens: batch tokens at which GEMM efficiency is half of mfu_max
             (tile/wave under-utilisation of small batches).
         knee_tokens, knee_exp: efficiency roll-off past this many batch tokens
-            (Splitwise insight IV: prompt throughput falls beyond ~2048 tokens).
+            (Splitwise insight IV). The calibration moves it out of range and freezes
+            it: the all-reduce step below carries the profiles' fall past ~2048 tokens.
         attn_eff: efficiency of attention (score, softmax, weighted sum) relative to
             the GEMMs, in (0, 1].
     Memory:
         bw_eff: achieved fraction of HBM bandwidth when streaming weights.
         kv_bw_eff: achieved fraction of HBM bandwidth in attention over the KV cache.
         roofline_p: exponent of the p-norm that joins compute and memory time.
-    Host-side (fixed) costs, which overlap the GPU's work:
-        t_iter_s: per-iteration cost (scheduler, sampling, host sync), seconds.
-        t_layer_s: per-layer per-iteration cost (kernel launches), seconds.
+    Fixed (latency-bound) costs, which overlap the GPU's streaming work:
+        t_iter_s: per-iteration cost (scheduler, sampling, sync), seconds.
+        t_layer_s: per-layer per-iteration cost (kernel launches, small kernels), seconds.
         t_prompt_seq_s, t_decode_seq_s: per-sequence cost per iteration, seconds.
         t_ctx_token_s: per decode-context token per iteration (masks, positions,
             cache bookkeeping), seconds.
-        overlap_p: exponent (>= 1) of the p-norm joining GPU time and host time:
-            1 = serial (sum), large = fully overlapped (max).
+        overlap_p: exponent (>= 1) of the p-norm joining streaming time and fixed
+            time: 1 = serial (sum), large = fully overlapped (max).
         fixed_bw_exponent: the fixed costs above are for a GPU with 2,039 GB/s of HBM
             bandwidth (A100-80GB) and scale as (2,039 GB/s / bw)^fixed_bw_exponent
             on others (latency-bound work tracks the memory system's generation).
@@ -64,8 +65,8 @@ class PhaseParams:
     Power (fractions of TDP - idle) and DVFS:
         p_compute_frac: power above idle at full compute utilisation.
         p_memory_frac: power above idle at full memory-bandwidth utilisation.
-        p_comm_frac: power above idle while all-reduce runs.
-        dvfs_exponent: power above idle scales as clock**dvfs_exponent.
+        p_comm_frac: power above idle while all-reduce transfers run.
+        dvfs_exponent: power above idle scales as clock**dvfs_exponent (> 1).
         mem_clock_sensitivity: how much memory-bound time stretches with the clock
             (0 = not at all; paper insight VII says decode barely slows).
     KV transfer:

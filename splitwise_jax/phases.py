@@ -1,50 +1,59 @@
 """Phase latency and power: prompt (prefill), token (decode) and mixed iterations.
 
-One model covers all three. An iteration's time at full clock joins the GPU's work and
-the host-side work (scheduler, kernel launches, bookkeeping), which overlap:
+One model covers all three. An iteration's time at full clock joins the GPU's streaming
+work with its fixed, latency-bound work (kernel launches, small kernels, scheduler and
+bookkeeping), which overlap:
 
     t = overlap_p( t_gpu, t_fixed )
     t_gpu     = roofline_p( t_compute, t_memory ) + t_comm
 
     t_compute = FLOPs / (tp x peak x eff(new tokens))
-    FLOPs     = 2 N_params x new_tokens + 2 L d sum(s^2) [causal prompt attention]
-                + 4 L d sum(c) [decode attention over contexts c]
+    FLOPs     = 2 N_params x new_tokens + [2 L d sum(s^2) (causal prompt attention)
+                + 4 L d sum(c) (decode attention over contexts c)] / attn_eff
     eff(n)    = mfu_max x n / (n + n_half) / (1 + (n / knee)^knee_exp)
     t_memory  = weights_per_gpu / (bw x bw_eff) + KV_read_per_gpu / (bw x kv_bw_eff)
                 + KV_written_per_gpu / (bw x bw_eff)
-    t_comm    = 2 L [2 (tp-1) allreduce_latency
-                     + 2 (tp-1)/tp x new_tokens x d x 2 B x slow(new tokens) / (nvlink x link_eff)]
+    t_comm    = 2 L [2 (tp-1) allreduce_latency                              (latency)
+                     + 2 (tp-1)/tp x new_tokens x d x 2 B x slow(new tokens)
+                       / (nvlink x link_eff)]                                 (transfer)
     slow(n)   = 1 + comm_knee_slowdown x h / (1 + h),  h = (n / comm_knee_tokens)^comm_knee_exp
-    t_fixed   = t_iter + L t_layer + prompts x t_prompt_seq + decodes x t_decode_seq
-                + decode context tokens x t_ctx_token
+    t_fixed   = [t_iter + L t_layer + prompts x t_prompt_seq + decodes x t_decode_seq
+                 + decode context tokens x t_ctx_token] x (2,039 GB/s / bw)^fixed_bw_exponent
 
 `overlap_p(a, b) = (a^p + b^p)^(1/p)` with p = `overlap_p` >= 1: p = 1 is strictly serial
 (the sum), large p full overlap (the max). Why this form, from the profiles (SplitwiseSim
-``perf_model.csv``, see docs/calibration.md):
+``perf_model.csv``; docs/calibration.md has the numbers):
 
 * Llama2-70B decode takes the same time at TP4 and TP8 on both GPUs although the
-  weights each GPU streams halve: the host-side floor hides the GPU work, so the two
-  cannot simply add. TP2, whose GPU work is as long as the floor, is ~20% slower.
+  weights each GPU streams halve: a fixed floor hides the streaming work, so the two
+  cannot simply add. TP2, whose streaming work is as long as the floor, is ~20% slower.
 * The context-length slope of decode time is ~0.45 us per context token on A100 for
-  both models and every TP, although BLOOM's KV cache per token is 12x Llama's: a host
+  both models and every TP, although BLOOM's KV cache per token is 12x Llama's: a fixed
   cost per context token (`t_ctx_token_s`), not KV bandwidth.
 * The step in prompt time per token between 2,048 and 4,096 batch tokens grows with TP
   (~1.0x at TP2, ~1.15x at TP4, ~1.3-1.4x at TP8) as the share of all-reduce time does:
-  the all-reduce bandwidth term slows past `comm_knee_tokens` (bounded by
+  the all-reduce transfer slows past `comm_knee_tokens` (bounded by
   1 + comm_knee_slowdown, so 16k-32k-token batches do not run away).
 * A ring all-reduce takes 2 (tp-1) latency steps; with one latency per all-reduce,
   TP8 decode came out faster than TP4, which the data do not show.
+* The fixed costs are GPU-side latency-bound work (they stretch with the clock under a
+  power cap, below), so they also follow the GPU's generation: they are stated for an
+  A100-80GB and scale with the HBM bandwidth on the spec sheet. fixed_bw_exponent = 1
+  is the prior (a fit on A100 alone cannot see it); H100 decode floors are ~1.5x
+  shorter than A100's in the profiles, bandwidth ratio 1.64.
 
 A power cap lowers the clock f when the iteration's power demand exceeds it: compute,
-host-side costs and communication stretch by 1/f, memory time by
+fixed costs and communication stretch by 1/f, memory time by
 (1/f)^mem_clock_sensitivity. The clock is the one at which the iteration's average power
 meets the cap, with the energy above idle scaling as f^(dvfs_exponent - 1) (dynamic
 energy per operation ~ V^2):
 
-    P(f) = idle + (TDP - idle) (a_c t_compute + a_m t_memory) f^(d-1) / t(f) = cap
+    P(f) = idle + (TDP - idle) (a_c t_compute + a_m t_memory + a_x t_transfer) f^(d-1) / t(f) = cap
 
-solved by Newton's method in log f (see `_capped_clock`). Decode demand sits below a
-70% cap on H100, so decode is unchanged while prompts slow (Splitwise insight VII).
+with a_x = p_comm_frac on the all-reduce transfer time (latency steps are waiting and
+draw nothing above idle), solved by Newton's method in log f (see `_capped_clock`).
+Decode demand sits below a 70% cap on H100, so decode is unchanged while prompts slow
+(Splitwise insight VII).
 
 All functions take calibration parameters first and are pure: jit, vmap and grad them.
 
@@ -109,12 +118,13 @@ def allreduce_slowdown(params: PhaseParams, new_tokens):
     return 1.0 + params.comm_knee_slowdown * h / (1.0 + h)
 
 
-def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, cap_frac):
+def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, comm_transfer, cap_frac):
     """Clock fraction f at which the iteration's power meets the cap, and the latency at f.
 
     With t(f) = overlap_p(roofline_p(compute / f, memory / f^s) + comm / f, fixed / f) and
-    energy above idle E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory)
-    f^(d-1), solve E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is
+    energy above idle E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory
+    + p_comm_frac comm_transfer) f^(d-1) (comm_transfer: the all-reduce's bandwidth part;
+    its latency steps are waiting and draw nothing above idle), solve E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is
     unique; and because E falls when bandwidth or FLOP/s rise, the capped latency
     (= E(f)/(cap-idle) when the cap binds) never rises with them. The earlier closed
     form, which took the full-clock power times f^d, ignored that memory time barely
@@ -127,10 +137,10 @@ def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, c
     graph, which made the calibration's jit take minutes to compile.
     """
 
-    def residual_fn(params, compute, memory, comm, fixed, headroom):
+    def residual_fn(params, compute, memory, comm, fixed, comm_transfer, headroom):
         d = params.dvfs_exponent
         log_energy = jnp.log(params.p_compute_frac * compute + params.p_memory_frac * memory
-                             + params.p_comm_frac * comm)
+                             + params.p_comm_frac * comm_transfer)
 
         def residual(x):  # log(power above idle at f / headroom); increasing in x
             return (log_energy + (d - 1.0) * x - jnp.log(_time_at_clock(params, compute, memory, comm, fixed, x))
@@ -139,7 +149,7 @@ def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, c
         return residual
 
     headroom = jnp.maximum(cap_frac * gpu.tdp_w - gpu.idle_w, 1e-3) / (gpu.tdp_w - gpu.idle_w)
-    args = (params, compute, memory, comm, fixed, headroom)
+    args = (params, compute, memory, comm, fixed, comm_transfer, headroom)
     residual_sg = residual_fn(*jax.lax.stop_gradient(args))
     def newton(_, x):
         r, dr = jax.jvp(residual_sg, (x,), (jnp.ones_like(x),))
@@ -216,10 +226,13 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
               + new * kv_tok / tp / (bw * params.bw_eff))
 
     ring = 2.0 * (tp - 1) / tp
-    comm = (2.0 * L * (2.0 * (tp - 1) * params.allreduce_latency_s
-                       + ring * new * d * _ACT_BYTES * allreduce_slowdown(params, new)
-                       / (machine.nvlink_bytes_per_s * params.link_eff))
-            if tp > 1 else jnp.zeros_like(new))
+    if tp > 1:
+        comm_latency = 2.0 * L * 2.0 * (tp - 1) * params.allreduce_latency_s * jnp.ones_like(new)
+        comm_transfer = (2.0 * L * ring * new * d * _ACT_BYTES * allreduce_slowdown(params, new)
+                         / (machine.nvlink_bytes_per_s * params.link_eff))
+    else:
+        comm_latency = comm_transfer = jnp.zeros_like(new)
+    comm = comm_latency + comm_transfer
     fixed = ((params.t_iter_s + L * params.t_layer_s
               + jnp.asarray(batch.prompt_seqs) * params.t_prompt_seq_s
               + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s
@@ -229,10 +242,10 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
     full_clock = _time_at_clock(params, compute, memory, comm, fixed, 0.0)
     u_compute = compute / full_clock
     u_memory = memory / full_clock
-    # all-reduce time draws power too (reduction kernels, NVLink): p_comm_frac of TDP - idle
+    # all-reduce transfers draw power too (reduction kernels, NVLink): p_comm_frac of TDP - idle
     demand = (_power.power_demand_w(params, gpu, u_compute, u_memory)
-              + (gpu.tdp_w - gpu.idle_w) * params.p_comm_frac * comm / full_clock)
-    clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, cap_frac)
+              + (gpu.tdp_w - gpu.idle_w) * params.p_comm_frac * comm_transfer / full_clock)
+    clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, comm_transfer, cap_frac)
     power = _power.capped_power_w(gpu, demand, cap_frac)
     return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power)
 

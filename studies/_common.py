@@ -1,0 +1,535 @@
+"""Shared plumbing of the paper-reproduction studies (GitHub issue 6).
+
+Every study script is the outer edge of the package (STYLE.md): it parses arguments,
+runs sweeps through the helpers below, prints a "paper vs ours" table and writes a PNG
+and a CSV into ``studies/out/<study>/`` (``--out`` overrides).
+
+Smoke mode (``SPLITWISE_SMOKE=1`` in the environment, as jax-md's examples use
+``SMOKE_TEST``) makes every study small enough for CI: workloads coarsened to 8 x 8
+request classes, a lower numerical `Resolution`, and few grid points. Numbers printed in
+smoke mode are labelled as such; only full runs go into studies/README.md.
+
+Speed. `evaluate` compiles in ~10 s per program, then costs a few ms per point, so the
+helpers here funnel everything through a handful of programs:
+
+* `sweep` vmaps one jitted `evaluate` over pool sizes, arrival rate and KV bandwidth in
+  fixed-size chunks (one compile per design kind, transfer mode and model, reused by
+  every chunk and every design of that kind: static names are made uniform, and
+  workloads are padded to one class grid);
+* `margin_jacobian` is the one jitted derivative program: the Jacobian, with respect to
+  log-multipliers of rate, pool sizes, KV bandwidth, HBM bandwidth, FLOP/s and power
+  caps, of the log latency percentiles, log throughput, log power and the worst SLO
+  margin. Elasticities and the implicit-function sensitivities of throughput at SLO
+  and of cost at a target load are read off it.
+
+Set ``JAX_COMPILATION_CACHE_DIR`` (and ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``)
+to reuse compiled programs across scripts, as tests/test_studies.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+
+# Latency percentiles span 10 ms to minutes and the derivative programs take logs:
+# float64 keeps the studies about the model, not the arithmetic.
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from splitwise_jax.cluster import Cluster, Resolution, evaluate  # noqa: E402
+from splitwise_jax.designs import DESIGNS, make_cluster  # noqa: E402
+from splitwise_jax.workload import Workload, coarsen, workload  # noqa: E402
+
+SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
+HORIZON_S = 120.0  # the paper's and SplitwiseSim's 2-minute traces
+# Smoke: fewer quadrature/table/grid points halve the compile time; percentiles move by
+# a few per cent (benchmarks of the resolution are in the cluster model's tests).
+RESOLUTION = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4) if SMOKE else Resolution()
+CHUNK = 16 if SMOKE else 64
+_SMOKE_BINS = 8
+_FULL_SHAPE = (32, 32)  # coding has 28 x 32 classes, conversation 32 x 32: pad to one grid
+STUDIES_DIR = Path(__file__).resolve().parent
+SPLITWISE = tuple(d for d, s in DESIGNS.items() if s.kind == "splitwise")
+BASELINES = tuple(d for d, s in DESIGNS.items() if s.kind == "baseline")
+ALL_DESIGNS = BASELINES + SPLITWISE
+COLOURS = {"baseline-a100": "tab:gray", "baseline-h100": "black", "splitwise-aa": "tab:blue",
+           "splitwise-hh": "tab:red", "splitwise-ha": "tab:green", "splitwise-hhcap": "tab:orange"}
+METRICS = ("ttft", "tbt", "e2e")
+PCTS = ("p50", "p90", "p99")
+LATENCY_COLS = tuple(f"{m}_{p}_s" for m in METRICS for p in PCTS)
+SLOWDOWN_COLS = tuple(f"slowdown_{m}_{p}" for m in METRICS for p in PCTS)
+SCALAR_COLS = ("throughput_rps", "cost_per_hour", "power_kw", "provisioned_power_kw", "rho_prompt_pool",
+               "rho_token_pool", "batch_prompt_pool", "batch_token_pool", "memory_pressure", "mixed_prompt_frac",
+               "mixed_decode_frac")
+IB_GBPS_PER_GPU = 400.0  # the paper's H100 InfiniBand link (Table I)
+KV_LINK_EFF = 0.9  # the phase model's kv_link_eff prior (docs/model.md section 6)
+
+
+# --------------------------------------------------------------------------------------
+# Command line and output
+
+
+def parse_args(study: str, doc: str | None, argv=None, extra=None) -> argparse.Namespace:
+    """``--out`` (default studies/out/<study>/) plus any study-specific options."""
+    ap = argparse.ArgumentParser(description=(doc or study).strip().split("\n")[0])
+    ap.add_argument("--out", default=str(STUDIES_DIR / "out" / study), help="output folder")
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args(argv)
+    args.out = Path(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def banner(study: str) -> float:
+    mode = "SMOKE (small, fast; numbers are indicative only)" if SMOKE else "full"
+    print(f"== {study}: {mode} run; jax {jax.__version__}, float64 ==", flush=True)
+    return time.perf_counter()
+
+
+def done(study: str, t0: float, paths: Sequence[Path]) -> None:
+    print(f"{study}: wrote " + ", ".join(str(p) for p in paths) + f" in {time.perf_counter() - t0:.1f} s")
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> Path:
+    df.to_csv(path, index=False, float_format="%.6g")
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (scripts and CI)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def savefig(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def log_axis(ax, ticks, axis: str = "x") -> None:
+    """A log axis labelled at `ticks` only (matplotlib's minor labels collide)."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    a.set_major_locator(FixedLocator(list(ticks)))
+    a.set_major_formatter(lambda v, _: f"{v:g}")
+    a.set_minor_locator(NullLocator())
+    a.set_minor_formatter(NullFormatter())
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "-"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        a = abs(float(v))
+        return f"{v:.3g}" if a < 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+def paper_vs_ours(rows: Sequence[dict], title: str) -> pd.DataFrame:
+    """Print (and return) a table of the paper's figure beside ours.
+
+    Each row: ``claim`` (what is compared), ``paper`` and ``ours`` (numbers or text),
+    optional ``unit`` and ``note``. The difference is ``ours / paper - 1`` when both
+    are positive numbers, else left blank.
+    """
+    out = []
+    for r in rows:
+        p, o = r.get("paper"), r.get("ours")
+        diff = np.nan
+        if isinstance(p, (int, float, np.number)) and isinstance(o, (int, float, np.number)) and p and np.isfinite(o):
+            diff = float(o) / float(p) - 1.0
+        out.append({"claim": r["claim"], "paper": p, "ours": o, "unit": r.get("unit", ""),
+                    "ours_over_paper_minus_1": diff, "note": r.get("note", "")})
+    df = pd.DataFrame(out)
+    head = f"{title}{'  [SMOKE numbers]' if SMOKE else ''}"
+    print("\n" + head + "\n" + "-" * len(head))
+    w = max(len(str(c)) for c in df["claim"]) if len(df) else 10
+    print(f"{'claim':<{w}}  {'paper':>12}  {'ours':>12}  {'diff':>8}  unit / note")
+    for _, r in df.iterrows():
+        d = "" if not np.isfinite(r["ours_over_paper_minus_1"]) else f"{r['ours_over_paper_minus_1']:+.0%}"
+        note = " ".join(x for x in (r["unit"], r["note"]) if x)
+        print(f"{r['claim']:<{w}}  {_fmt(r['paper']):>12}  {_fmt(r['ours']):>12}  {d:>8}  {note}")
+    sys.stdout.flush()
+    return df
+
+
+def print_frame(df: pd.DataFrame, title: str, cols: Sequence[str] | None = None) -> None:
+    print("\n" + title + ("  [SMOKE numbers]" if SMOKE else ""))
+    with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.4g}".format):
+        print((df if cols is None else df[list(cols)]).to_string(index=False))
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------------------
+# Workloads and clusters
+
+
+def study_workload(name: str, rate_per_s: float = 70.0) -> Workload:
+    """A preset workload on the studies' common class grid.
+
+    Full runs: the preset's ~30 x 32 classes padded with zero-weight classes to 32 x 32
+    (percentiles unchanged) so coding and conversation share compiled programs. Smoke
+    runs: coarsened to 8 x 8 classes (tails move by ~10-30%; see `coarsen`).
+    """
+    wl = workload(name, rate_per_s)
+    if SMOKE:
+        wl = coarsen(wl, _SMOKE_BINS, _SMOKE_BINS)
+        shape = (_SMOKE_BINS, _SMOKE_BINS)
+    else:
+        shape = _FULL_SHAPE
+    return _pad(wl, *shape)
+
+
+def _pad(wl: Workload, k: int, m: int) -> Workload:
+    k0, m0 = wl.weights.shape
+    if k0 > k or m0 > m:
+        raise ValueError(f"workload {wl.name} has {k0} x {m0} classes, more than the grid {k} x {m}")
+    p = jnp.concatenate([wl.prompt_tokens, jnp.full(k - k0, wl.prompt_tokens[-1])])
+    o = jnp.concatenate([wl.output_tokens, jnp.full(m - m0, wl.output_tokens[-1])])
+    w = jnp.pad(wl.weights, ((0, k - k0), (0, m - m0)))
+    return dataclasses.replace(wl, prompt_tokens=p, output_tokens=o, weights=w, name="study")
+
+
+def uniform_names(obj):
+    """The same pytree with every static ``name`` set to one value.
+
+    Names are static metadata used only in messages, but each distinct name is a
+    distinct treedef and hence a fresh compile; with uniform names every design of one
+    kind (and both workloads) runs through one compiled program.
+    """
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    changes = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name == "name" and f.metadata.get("static"):
+            changes[f.name] = "study"
+        elif dataclasses.is_dataclass(value):
+            changes[f.name] = uniform_names(value)
+    return dataclasses.replace(obj, **changes)
+
+
+def cluster(design: str, n_prompt: float = 1.0, n_token: float = 1.0, **kw) -> Cluster:
+    """`make_cluster` with uniform static names (pool sizes are replaced by sweeps)."""
+    kind = DESIGNS[design].kind
+    return uniform_names(make_cluster(design, n_prompt, n_token if kind == "splitwise" else 0.0, **kw))
+
+
+def is_baseline(design: str) -> bool:
+    return DESIGNS[design].kind == "baseline"
+
+
+def kv_bandwidth_of_gbps(gbps_per_gpu, gpus: int = 8, link_eff: float = KV_LINK_EFF):
+    """Transfer bandwidth (bytes/s) of a machine whose GPUs each have `gbps_per_gpu` links."""
+    return np.asarray(gbps_per_gpu, float) * 1e9 / 8.0 * gpus * link_eff
+
+
+def machine_cost(design: str) -> tuple[float, float]:
+    """($/h of a prompt machine, of a token machine) of a design."""
+    c = make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
+    return float(c.prompt.machine.cost_per_hour), float(c.token.machine.cost_per_hour)
+
+
+def machine_power_kw(design: str) -> tuple[float, float]:
+    """(provisioned kW of a prompt machine, of a token machine, at their caps)."""
+    from splitwise_jax.power import provisioned_power_w
+
+    c = make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
+    return (float(provisioned_power_w(c.prompt.machine, c.prompt.cap_frac)) / 1e3,
+            float(provisioned_power_w(c.token.machine, c.token.cap_frac)) / 1e3)
+
+
+# --------------------------------------------------------------------------------------
+# Sweeps
+
+
+def _with(c: Cluster, n_p, n_t, bw) -> Cluster:
+    return c.replace(n_prompt=n_p, n_token=n_t,
+                     transfer=dataclasses.replace(c.transfer, bandwidth_bytes_per_s=bw))
+
+
+@jax.jit
+def _sweep_chunk(c: Cluster, wl: Workload, n_p, n_t, rate, bw):
+    def one(n_p, n_t, rate, bw):
+        return evaluate(_with(c, n_p, n_t, bw), wl.with_rate(rate), HORIZON_S, resolution=RESOLUTION)
+
+    return jax.vmap(one)(n_p, n_t, rate, bw)
+
+
+def sweep(c: Cluster, wl: Workload, *, n_prompt=None, n_token=None, rate=None, kv_bandwidth=None) -> pd.DataFrame:
+    """Evaluate `c` on `wl` at many points; arguments broadcast to one 1-D length.
+
+    Args:
+        c: a cluster (from `cluster`); its own values fill any argument left None.
+        wl: workload; its rate fills `rate` when None.
+        n_prompt, n_token: pool sizes (a baseline's machines are n_prompt).
+        rate: arrival rate (req/s).
+        kv_bandwidth: KV transfer bandwidth (bytes/s).
+
+    Returns:
+        One row per point: the inputs, ``{ttft,tbt,e2e}_{p50,p90,p99}_s``,
+        ``slowdown_*``, ``min_margin`` (worst log(limit / slowdown); > 0 meets every
+        SLO), ``meets_slo`` and the scalar metrics of `ClusterMetrics`.
+    """
+    cols = [n_prompt if n_prompt is not None else c.n_prompt, n_token if n_token is not None else c.n_token,
+            rate if rate is not None else wl.rate_per_s,
+            kv_bandwidth if kv_bandwidth is not None else c.transfer.bandwidth_bytes_per_s]
+    cols = [np.ravel(np.asarray(x, float)) for x in np.broadcast_arrays(*[np.asarray(x, float) for x in cols])]
+    n = cols[0].size
+    pad = (-n) % CHUNK
+    cols_p = [np.concatenate([x, np.repeat(x[-1:], pad)]) for x in cols]
+    parts = []
+    for s in range(0, n + pad, CHUNK):
+        m = _sweep_chunk(c, wl, *(jnp.asarray(x[s:s + CHUNK]) for x in cols_p))
+        parts.append(jax.tree.map(np.asarray, m))
+    m = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *parts)
+    return metrics_frame(m, dict(n_prompt=cols[0], n_token=cols[1], rate=cols[2], kv_bandwidth_bytes_per_s=cols[3]))
+
+
+def metrics_frame(m, inputs: dict | None = None) -> pd.DataFrame:
+    """`ClusterMetrics` with a leading point axis as a flat DataFrame."""
+    d = dict(inputs or {})
+    for i, met in enumerate(METRICS):
+        for q, pc in enumerate(PCTS):
+            d[f"{met}_{pc}_s"] = np.asarray(getattr(m, f"{met}_s"))[..., q]
+            d[f"slowdown_{met}_{pc}"] = np.asarray(getattr(m, f"slowdown_{met}"))[..., q]
+    margin = np.asarray(m.slo_margin)
+    d["min_margin"] = margin.reshape(margin.shape[:-2] + (9,)).min(axis=-1)
+    d["meets_slo"] = np.asarray(m.meets_slo).astype(bool)
+    for k in SCALAR_COLS:
+        d[k] = np.asarray(getattr(m, k))
+    d["status"] = np.asarray(m.status).astype(int)
+    return pd.DataFrame(d)
+
+
+def throughput_at_slo(c: Cluster, wl: Workload, n_prompt, n_token=0.0, *, kv_bandwidth=None, r_lo: float = 1.0,
+                      r_hi: float = 400.0, iters: int | None = None) -> np.ndarray:
+    """The highest arrival rate at which each configuration meets every SLO (req/s).
+
+    Vectorised bisection in log rate on the worst SLO margin (all configurations move
+    together, one `sweep` per step). Returns 0 where even `r_lo` fails and `r_hi`
+    where `r_hi` still meets. Resolution: (r_hi / r_lo)^(2^-iters) relative.
+    """
+    iters = (6 if SMOKE else 11) if iters is None else iters
+    n_p, n_t = np.broadcast_arrays(np.asarray(n_prompt, float), np.asarray(n_token, float))
+    shape = n_p.shape
+    n_p, n_t = n_p.ravel(), n_t.ravel()
+    bw = (np.full(n_p.shape, float(c.transfer.bandwidth_bytes_per_s)) if kv_bandwidth is None
+          else np.broadcast_to(np.asarray(kv_bandwidth, float), shape).ravel())
+    lo = np.full(n_p.shape, np.log(r_lo))
+    hi = np.full(n_p.shape, np.log(r_hi))
+    ends = sweep(c, wl, n_prompt=np.concatenate([n_p, n_p]), n_token=np.concatenate([n_t, n_t]),
+                 rate=np.exp(np.concatenate([lo, hi])), kv_bandwidth=np.concatenate([bw, bw]))
+    ok_lo = ends["meets_slo"].to_numpy()[: n_p.size]
+    ok_hi = ends["meets_slo"].to_numpy()[n_p.size:]
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        ok = sweep(c, wl, n_prompt=n_p, n_token=n_t, rate=np.exp(mid), kv_bandwidth=bw)["meets_slo"].to_numpy()
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid)
+    r = np.where(ok_hi, r_hi, np.where(ok_lo, np.exp(lo), 0.0))
+    return r.reshape(shape)
+
+
+# --------------------------------------------------------------------------------------
+# Derivatives
+
+#: Log-multipliers differentiated by `margin_jacobian`, in order.
+THETA = ("rate", "pools", "kv_bw", "hbm_bw_prompt", "hbm_bw_token", "flops_prompt", "flops_token",
+         "cap_prompt", "cap_token")
+#: Outputs of `margin_jacobian`, in order (log of each, except the margin).
+OUTPUTS = ("min_margin",) + tuple(f"log_{c}" for c in LATENCY_COLS) + ("log_throughput_rps", "log_power_kw")
+
+
+def _scale_timing(t, hbm, flops, cap):
+    gpu = t.machine.gpu
+    gpu = dataclasses.replace(gpu, hbm_bw_bytes_per_s=gpu.hbm_bw_bytes_per_s * hbm,
+                              peak_flops_per_s=gpu.peak_flops_per_s * flops)
+    return dataclasses.replace(t, machine=t.machine.replace(gpu=gpu), cap_frac=t.cap_frac * cap)
+
+
+def _outputs(theta, c: Cluster, wl: Workload):
+    e = dict(zip(THETA, jnp.exp(theta)))
+    c = c.replace(prompt=_scale_timing(c.prompt, e["hbm_bw_prompt"], e["flops_prompt"], e["cap_prompt"]),
+                  token=_scale_timing(c.token, e["hbm_bw_token"], e["flops_token"], e["cap_token"]),
+                  n_prompt=c.n_prompt * e["pools"], n_token=c.n_token * e["pools"],
+                  transfer=dataclasses.replace(c.transfer, bandwidth_bytes_per_s=c.transfer.bandwidth_bytes_per_s
+                                               * e["kv_bw"]))
+    m = evaluate(c, wl.with_rate(wl.rate_per_s * e["rate"]), HORIZON_S, resolution=RESOLUTION)
+    lat = jnp.log(jnp.concatenate([m.ttft_s, m.tbt_s, m.e2e_s]))
+    # The worst margin: `min` sends the gradient to the binding SLO (a.e. unique).
+    return jnp.concatenate([jnp.min(m.slo_margin)[None], lat, jnp.log(m.throughput_rps)[None],
+                            jnp.log(m.power_kw)[None]])
+
+
+# Forward mode: 9 inputs, 12 outputs, one program (9 JVPs, vmapped) per design kind.
+@jax.jit
+def _jacobian_chunk(c: Cluster, wl: Workload, n_p, n_t, rate, bw):
+    def one(n_p, n_t, rate, bw):
+        args = (_with(c, n_p, n_t, bw), wl.with_rate(rate))
+        theta0 = jnp.zeros(len(THETA))
+        return _outputs(theta0, *args), jax.jacfwd(_outputs)(theta0, *args)
+
+    return jax.vmap(one)(n_p, n_t, rate, bw)
+
+
+def margin_jacobian(c: Cluster, wl: Workload, n_prompt, n_token, rate, kv_bandwidth=None) -> tuple[np.ndarray, np.ndarray]:
+    """Values and Jacobians of `OUTPUTS` w.r.t. the log-multipliers `THETA` at each point.
+
+    Arguments broadcast to one 1-D length (padded to `CHUNK`s like `sweep`).
+
+    Returns:
+        (values (n, len(OUTPUTS)), jacobian (n, len(OUTPUTS), len(THETA))). Row
+        ``log_x``, column ``kv_bw`` is the elasticity d log x / d log bandwidth.
+    """
+    bw0 = c.transfer.bandwidth_bytes_per_s if kv_bandwidth is None else kv_bandwidth
+    cols = np.broadcast_arrays(*(np.asarray(x, float) for x in (n_prompt, n_token, rate, bw0)))
+    cols = [x.ravel() for x in cols]
+    n = cols[0].size
+    pad = (-n) % CHUNK
+    cols = [np.concatenate([x, np.repeat(x[-1:], pad)]) for x in cols]
+    vals, jacs = [], []
+    for s in range(0, n + pad, CHUNK):
+        v, j = _jacobian_chunk(c, wl, *(jnp.asarray(x[s:s + CHUNK]) for x in cols))
+        vals.append(np.asarray(v))
+        jacs.append(np.asarray(j))
+    return np.concatenate(vals)[:n], np.concatenate(jacs)[:n]
+
+
+def implicit_sensitivities(jac: np.ndarray) -> dict[str, np.ndarray]:
+    """Sensitivities of the SLO boundary, by the implicit function theorem.
+
+    At a point on the boundary (worst margin g = 0), moving a parameter theta_i moves:
+    * the throughput at SLO: d log r* / d theta_i = -g_i / g_rate;
+    * the cost at a target load, re-sizing all pools in proportion:
+      d log C* / d theta_i = -g_i / g_pools. By the envelope theorem this is also the
+      first-order change of the cost-optimal (continuous) pool sizes' cost, since at
+      that optimum the cost gradient is parallel to the margin's (grad C = mu grad g,
+      mu = C / g_pools along the pools' own direction).
+
+    Args:
+        jac: (n, len(OUTPUTS), len(THETA)) from `margin_jacobian`, evaluated on the boundary.
+
+    Returns:
+        {"throughput_at_slo": (n, len(THETA)), "cost_at_target": (n, len(THETA))}.
+    """
+    g = jac[:, 0, :]
+    g_rate = g[:, THETA.index("rate")][:, None]
+    g_pools = g[:, THETA.index("pools")][:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {"throughput_at_slo": -g / g_rate, "cost_at_target": -g / g_pools}
+
+
+# --------------------------------------------------------------------------------------
+# Sizing
+
+
+def cheapest_meeting_slo(c: Cluster, wl: Workload, design: str, n_prompt_grid, n_token_grid=(0.0,), *,
+                         kv_bandwidth=None, objective: str = "cost_per_hour") -> tuple[pd.Series | None, pd.DataFrame]:
+    """Grid search for the configuration minimising `objective` among those meeting every SLO.
+
+    Returns (the best row or None, the whole grid).
+    """
+    if is_baseline(design):
+        n_token_grid = (0.0,)
+    P, T = np.meshgrid(np.asarray(n_prompt_grid, float), np.asarray(n_token_grid, float), indexing="ij")
+    df = sweep(c, wl, n_prompt=P.ravel(), n_token=T.ravel(), kv_bandwidth=kv_bandwidth)
+    ok = df[df["meets_slo"]]
+    if ok.empty:
+        return None, df
+    return ok.sort_values([objective, "n_prompt"]).iloc[0], df
+
+
+def budget_line(design: str, budget: float, per: str = "power", n_max: int = 200) -> np.ndarray:
+    """Integer (n_prompt, n_token) splits that use as much of a budget as they can.
+
+    For every prompt-pool size, the most token machines that still fit under the power
+    (provisioned kW) or cost ($/h) budget; a baseline gets its largest machine count.
+    """
+    unit_p, unit_t = machine_power_kw(design) if per == "power" else machine_cost(design)
+    if is_baseline(design):
+        return np.array([[np.floor(budget / unit_p + 1e-9), 0.0]])
+    rows = []
+    for n_p in range(1, n_max):
+        n_t = np.floor((budget - n_p * unit_p) / unit_t + 1e-9)
+        if n_t < 1:
+            break
+        rows.append((n_p, n_t))
+    return np.asarray(rows, float)
+
+
+def best_on_budget(design: str, wl: Workload, budget: float, per: str = "power", *, c: Cluster | None = None,
+                   stride: int | None = None, r_hi: float = 400.0) -> tuple[pd.Series, pd.DataFrame]:
+    """The split on a budget line with the highest throughput at SLO (throughput-optimised).
+
+    Args:
+        stride: evaluate every stride-th split first, then refine around the best.
+
+    Returns:
+        (the best split's row, every split evaluated) with columns n_prompt, n_token,
+        throughput_at_slo, cost_per_hour, provisioned_power_kw.
+    """
+    c = cluster(design) if c is None else c
+    line = budget_line(design, budget, per)
+    stride = (4 if SMOKE else 2) if stride is None else stride
+    first = line[::stride] if len(line) > stride else line
+    thr = throughput_at_slo(c, wl, first[:, 0], first[:, 1], r_hi=r_hi)
+    seen = {tuple(x): t for x, t in zip(first, thr)}
+    i = int(np.argmax(thr))
+    near = [tuple(x) for x in line if abs(x[0] - first[i, 0]) < stride and tuple(x) not in seen]
+    if near and not SMOKE:
+        nr = np.asarray(near)
+        for x, t in zip(near, throughput_at_slo(c, wl, nr[:, 0], nr[:, 1], r_hi=r_hi)):
+            seen[x] = t
+    pts = np.asarray(sorted(seen))
+    thr = np.asarray([seen[tuple(x)] for x in pts])
+    up, ut = machine_cost(design)
+    pp, pt = machine_power_kw(design)
+    df = pd.DataFrame({"design": design, "n_prompt": pts[:, 0], "n_token": pts[:, 1], "throughput_at_slo": thr,
+                       "cost_per_hour": pts[:, 0] * up + pts[:, 1] * ut,
+                       "provisioned_power_kw": pts[:, 0] * pp + pts[:, 1] * pt})
+    best = df.sort_values(["throughput_at_slo", "cost_per_hour"], ascending=[False, True]).iloc[0]
+    return best, df
+
+
+def iso_power_budget_kw() -> float:
+    """The paper's iso-power budget: 40 DGX-H100 (~ 70 DGX-A100), provisioned kW."""
+    return 40 * machine_power_kw("baseline-h100")[0]
+
+
+def iso_cost_budget() -> float:
+    """Iso-cost budget: the cost of 40 DGX-H100 ($/h)."""
+    return 40 * machine_cost("baseline-h100")[0]
+
+
+def optimizer():
+    """`splitwise_jax.optimize` if it is present and importable, else None."""
+    try:
+        from splitwise_jax import optimize
+    except Exception as err:  # noqa: BLE001 - any failure means: fall back to our grid
+        print(f"note: splitwise_jax.optimize unavailable ({type(err).__name__}: {err}); using the studies' grid search")
+        return None
+    return optimize
