@@ -302,8 +302,12 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         x = softplus(rho0 - sched.draft_threshold, sched.draft_temperature) / jnp.maximum(rho0, 1e-9)
         x = smooth_min_one(x, 0.01) * (n_t / (n_t + 1e-3))
         # Token pool without a memory limit, then held to what fits: the decodes that do
-        # not fit (Little's law at the capped batch) move to prompt machines.
-        need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e12).batch
+        # not fit (Little's law at the capped batch) move to prompt machines. "Without a
+        # limit" is 1000x the memory: past the token pool's decode capacity Little's law
+        # has no fixed point and the Newton solve runs to this ceiling; at 1e12 the phase
+        # model overflowed there in float32 (NaN for every metric) and memory_pressure
+        # read 1e10. b_t is unchanged (smooth_min_pos of anything >> cap_T is cap_T).
+        need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e3 * cap_T).batch
         b_t = smooth_min_pos(need, cap_T, _MEMORY_P)
         st_t = pool_state_at(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, b_t)
         f = jnp.clip(1.0 - b_t / jnp.maximum(st_t.batch_need, 1e-12), 0.0, 1.0) * (n_p / (n_p + 1e-3))

@@ -17,6 +17,10 @@ import jax.numpy as jnp
 # Slope floor (per unit of log t) when a percentile falls where the CDF is flat, so the
 # implicit gradient stays finite; far below any slope met at a real class boundary.
 _MIN_LOG_SLOPE = 1e-4
+# Floor of a CDF difference in the secant step. 1e-300 rounds to 0 in float32, where equal
+# CDF values at both ends of a bracket are common, and gave 0/0 = NaN percentiles; 1e-30
+# is representable in float32 and far below any CDF step that matters.
+_MIN_CDF_STEP = 1e-30
 
 
 def mixture_quantiles(cdf: Callable, qs, lo, hi, grid_points: int = 24, refine_iters: int = 6):
@@ -47,7 +51,7 @@ def mixture_quantiles(cdf: Callable, qs, lo, hi, grid_points: int = 24, refine_i
 
     def illinois(_, state):
         a, b, fa, fb, side = state
-        c = a + (qs - fa) * (b - a) / jnp.maximum(fb - fa, 1e-300)
+        c = a + (qs - fa) * (b - a) / jnp.maximum(fb - fa, _MIN_CDF_STEP)
         c = jnp.clip(c, a + 1e-3 * (b - a), b - 1e-3 * (b - a))
         fc = f_vec(c)
         left = fc < qs  # the root lies in [c, b]: c replaces a
@@ -61,7 +65,7 @@ def mixture_quantiles(cdf: Callable, qs, lo, hi, grid_points: int = 24, refine_i
     state = (a, b, fa, fb, jnp.zeros(qs.shape, int))
     state = jax.lax.fori_loop(0, refine_iters, illinois, state)
     a, b, fa, fb, _ = state
-    log_t0 = jax.lax.stop_gradient(a + (qs - fa) * (b - a) / jnp.maximum(fb - fa, 1e-300))
+    log_t0 = jax.lax.stop_gradient(a + (qs - fa) * (b - a) / jnp.maximum(fb - fa, _MIN_CDF_STEP))
     log_t0 = jnp.clip(log_t0, llo, lhi)
 
     f0, slope = jax.jvp(lambda lt: cdf(jnp.exp(lt)), (log_t0,), (jnp.ones_like(log_t0),))

@@ -325,29 +325,42 @@ def metrics_frame(m, inputs: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(d)
 
 
+#: Share of the offered rate a cluster must serve to count as keeping up (`capacity`).
+KEEP_UP = 0.98
+
+
+def _ok(df: pd.DataFrame, criterion: str) -> np.ndarray:
+    if criterion == "slo":
+        return df["meets_slo"].to_numpy()
+    return (df["throughput_rps"] >= KEEP_UP * df["rate"]).to_numpy()
+
+
 def throughput_at_slo(c: Cluster, wl: Workload, n_prompt, n_token=0.0, *, kv_bandwidth=None, r_lo: float = 1.0,
-                      r_hi: float = 400.0, iters: int | None = None) -> np.ndarray:
+                      r_hi: float = 400.0, iters: int | None = None, criterion: str = "slo") -> np.ndarray:
     """The highest arrival rate at which each configuration meets every SLO (req/s).
 
-    Vectorised bisection in log rate on the worst SLO margin (all configurations move
-    together, one `sweep` per step). Returns 0 where even `r_lo` fails and `r_hi`
-    where `r_hi` still meets. Resolution: (r_hi / r_lo)^(2^-iters) relative.
+    Vectorised bisection in log rate (all configurations move together, one `sweep`
+    per step). Returns 0 where even `r_lo` fails and `r_hi` where `r_hi` still meets.
+    Resolution: (r_hi / r_lo)^(2^-iters) relative.
+
+    Args:
+        criterion: "slo" (all nine Table VI limits hold) or "capacity" (the cluster
+            serves at least `KEEP_UP` of the offered rate: no SLO, batch jobs).
     """
-    iters = (6 if SMOKE else 11) if iters is None else iters
-    n_p, n_t = np.broadcast_arrays(np.asarray(n_prompt, float), np.asarray(n_token, float))
+    iters = (8 if SMOKE else 12) if iters is None else iters
+    bw0 = c.transfer.bandwidth_bytes_per_s if kv_bandwidth is None else kv_bandwidth
+    n_p, n_t, bw = np.broadcast_arrays(*(np.asarray(x, float) for x in (n_prompt, n_token, bw0)))
     shape = n_p.shape
-    n_p, n_t = n_p.ravel(), n_t.ravel()
-    bw = (np.full(n_p.shape, float(c.transfer.bandwidth_bytes_per_s)) if kv_bandwidth is None
-          else np.broadcast_to(np.asarray(kv_bandwidth, float), shape).ravel())
+    n_p, n_t, bw = n_p.ravel(), n_t.ravel(), bw.ravel()
     lo = np.full(n_p.shape, np.log(r_lo))
     hi = np.full(n_p.shape, np.log(r_hi))
     ends = sweep(c, wl, n_prompt=np.concatenate([n_p, n_p]), n_token=np.concatenate([n_t, n_t]),
                  rate=np.exp(np.concatenate([lo, hi])), kv_bandwidth=np.concatenate([bw, bw]))
-    ok_lo = ends["meets_slo"].to_numpy()[: n_p.size]
-    ok_hi = ends["meets_slo"].to_numpy()[n_p.size:]
+    ok_ends = _ok(ends, criterion)
+    ok_lo, ok_hi = ok_ends[: n_p.size], ok_ends[n_p.size:]
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
-        ok = sweep(c, wl, n_prompt=n_p, n_token=n_t, rate=np.exp(mid), kv_bandwidth=bw)["meets_slo"].to_numpy()
+        ok = _ok(sweep(c, wl, n_prompt=n_p, n_token=n_t, rate=np.exp(mid), kv_bandwidth=bw), criterion)
         lo = np.where(ok, mid, lo)
         hi = np.where(ok, hi, mid)
     r = np.where(ok_hi, r_hi, np.where(ok_lo, np.exp(lo), 0.0))
@@ -525,11 +538,69 @@ def iso_cost_budget() -> float:
     return 40 * machine_cost("baseline-h100")[0]
 
 
+# Smoke runs skip the sizing search (it costs more than the smoke budget): these are the
+# iso-power throughput-optimised splits that `iso_power_pools` found in a smoke-resolution
+# run (40 DGX-H100 of provisioned power; A100 machines are 24.8/44 of an H100's).
+_SMOKE_ISO_POWER = {
+    ("coding", "baseline-a100"): (70.0, 0.0), ("coding", "baseline-h100"): (40.0, 0.0),
+    ("coding", "splitwise-aa"): (35.0, 29.0), ("coding", "splitwise-hh"): (27.0, 13.0),
+    ("coding", "splitwise-ha"): (25.0, 26.0), ("coding", "splitwise-hhcap"): (25.0, 21.0),
+    ("conversation", "baseline-a100"): (70.0, 0.0), ("conversation", "baseline-h100"): (40.0, 0.0),
+    ("conversation", "splitwise-aa"): (30.0, 40.0), ("conversation", "splitwise-hh"): (22.0, 18.0),
+    ("conversation", "splitwise-ha"): (20.0, 35.0), ("conversation", "splitwise-hhcap"): (20.0, 28.0),
+}
+_SIZING: dict = {}
+
+
+def solver_config():
+    """`optimize.SolverConfig` for the studies (a short one in smoke mode)."""
+    from splitwise_jax.optimize import SolverConfig
+
+    if SMOKE:
+        return SolverConfig(rounds=2, steps_per_round=10, resolution=RESOLUTION)
+    return SolverConfig(resolution=RESOLUTION)
+
+
+def iso_power_pools(design: str, wl_name: str, model: str = "bloom-176b", *, search: bool | None = None):
+    """(n_prompt, n_token) of a design's iso-power, throughput-optimised cluster.
+
+    The paper's iso-power budget (40 DGX-H100); the split that maximises the rate at
+    which every SLO holds, from `splitwise_jax.optimize` (throughput problem), or from
+    `best_on_budget` when the optimiser is unavailable. In smoke mode (unless `search`)
+    a stored split (`_SMOKE_ISO_POWER`) stands in for the search.
+    """
+    search = (not SMOKE) if search is None else search
+    if not search and (wl_name, design) in _SMOKE_ISO_POWER:
+        return _SMOKE_ISO_POWER[(wl_name, design)]
+    key = (design, wl_name, model)
+    if key not in _SIZING:
+        wl = study_workload(wl_name)
+        opt = optimizer()
+        if opt is not None:
+            res = opt.optimize(make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model), wl,
+                               opt.Problem("throughput", power_budget_kw=iso_power_budget_kw()), solver_config())
+            if res.best is None:
+                raise RuntimeError(f"optimize found no feasible iso-power cluster for {design} on {wl_name}")
+            _SIZING[key] = (float(res.best.prompt_machines), float(res.best.token_machines))
+        else:
+            best, _ = best_on_budget(design, wl, iso_power_budget_kw(), "power", c=cluster(design, model=model))
+            _SIZING[key] = (float(best["n_prompt"]), float(best["n_token"]))
+        print(f"sized {design} for {wl_name} ({model}): {_SIZING[key][0]:g} prompt + {_SIZING[key][1]:g} token "
+              "machines (iso-power, throughput-optimised)", flush=True)
+    return _SIZING[key]
+
+
+_OPTIMIZER_NOTE: list = []
+
+
 def optimizer():
-    """`splitwise_jax.optimize` if it is present and importable, else None."""
+    """`splitwise_jax.optimize` if it is present and importable, else None (said once)."""
     try:
         from splitwise_jax import optimize
     except Exception as err:  # noqa: BLE001 - any failure means: fall back to our grid
-        print(f"note: splitwise_jax.optimize unavailable ({type(err).__name__}: {err}); using the studies' grid search")
+        if not _OPTIMIZER_NOTE:
+            _OPTIMIZER_NOTE.append(err)
+            print(f"note: splitwise_jax.optimize unavailable ({type(err).__name__}: {err}); "
+                  "using the studies' grid search instead")
         return None
     return optimize
