@@ -45,13 +45,19 @@ def grid_fn(cluster, wl, n_prompt, n_token):
     return jax.lax.map(row, n_prompt, batch_size=min(BLOCK, n_prompt.shape[0]))
 
 
-def run_case(n: int, rate: float, x64: bool, coarse: bool, repeats: int, phase_model: str):
+def build(rate: float, phase_model: str):
+    """The cluster and both workloads, built once in float64 so that every case
+    evaluates the same numbers (only their precision differs)."""
+    with jax.enable_x64(True):
+        full = workload("coding", rate)
+        cluster = make_cluster("splitwise-hh", 1.0, 1.0, phase_model=phase_model)
+        to_np = (lambda t: jax.tree.map(np.asarray, t))
+        return to_np(cluster), {False: to_np(full), True: to_np(coarsen(full, 16, 16))}
+
+
+def run_case(cluster, wl, n: int, x64: bool, repeats: int):
     """Compile and run one configuration; returns timings and the metrics as numpy."""
     with jax.enable_x64(x64):
-        wl = workload("coding", rate)
-        if coarse:
-            wl = coarsen(wl, 16, 16)
-        cluster = make_cluster("splitwise-hh", 1.0, 1.0, phase_model=phase_model)
         dtype = jnp.float64 if x64 else jnp.float32
         cluster, wl = jax.tree.map(lambda a: jnp.asarray(a, dtype), (cluster, wl))
         # 1..39 for the paper's grid; a smaller n spreads n counts over the same range.
@@ -92,9 +98,10 @@ def main(argv=None) -> int:
         ap.error("--n and --repeats must be >= 1")
 
     cases = [(x64, coarse) for x64 in (True, False) for coarse in (False, True)]
+    cluster, workloads = build(args.rate, args.phase_model)
     results = {}
     for x64, coarse in cases:
-        results[(x64, coarse)] = run_case(args.n, args.rate, x64, coarse, args.repeats, args.phase_model)
+        results[(x64, coarse)] = run_case(cluster, workloads[coarse], args.n, x64, args.repeats)
     ref = results[(True, False)]["out"]
 
     print(f"Fig. 12 grid: splitwise-hh, coding at {args.rate:g} req/s, {args.n} x {args.n} = {args.n ** 2} clusters "

@@ -83,7 +83,7 @@ class FitConfig:
     huber_scale: float = 0.05
     w_prompt: float = 1.0
     w_token: float = 1.0
-    w_power: float = 0.3
+    w_power: float = 1.0
     w_capped_token: float = 4.0
     deviation_penalty: float = 1e-3
     prior_penalty: float = 1e-4
@@ -223,10 +223,9 @@ def predict_rows(params: PhaseParams, machine: Machine, llm, prompt_size, batch_
         leaf = jnp.broadcast_to(jnp.asarray(leaf, dtype=float), shape).reshape(-1)
         return jnp.concatenate([leaf, leaf])
 
-    both = Batch.prompts(p, b) + Batch.decode(b, p + 0.5 * t)
     zeros = jnp.zeros_like(p)
-    prompt_part = Batch(both.prompt_tokens, both.prompt_seqs, both.prompt_sq_tokens, zeros, zeros)
-    decode_part = Batch(zeros, zeros, zeros, both.decode_seqs, both.decode_ctx_tokens)
+    prompt_part = Batch(p * b, b, b * p * p, zeros, zeros)  # Batch.prompts(p, b), array-valued
+    decode_part = Batch(zeros, zeros, zeros, b, b * (p + 0.5 * t))  # Batch.decode(b, p + t / 2)
     batch = jax.tree_util.tree_map(lambda a, c: jnp.concatenate([a, c]), prompt_part, decode_part)
     it = iteration(jax.tree_util.tree_map(twice, params), jax.tree_util.tree_map(twice, machine), llm, batch,
                    tp=tp, cap_frac=jnp.concatenate([cap, cap]))
@@ -1013,6 +1012,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['split']}: {r['subset']}": {"prompt": round(float(r["model_prompt_mape"]), 2),
                                              "token": round(float(r["model_token_mape"]), 2)}
             for _, r in summ.iterrows() if r["subset"] in ("all", "TP 4 and 8")}
+        meta["held_out_max_percent"] = {
+            f"{r['split']}: {r['subset']}": {"prompt": round(float(r["model_prompt_max"]), 2),
+                                             "token": round(float(r["model_token_max"]), 2)}
+            for _, r in summ.iterrows() if r["subset"] == "all"}
     fitted = Fitted(fitted.shared, fitted.per_gpu, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     fitted.save(out)

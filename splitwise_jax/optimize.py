@@ -69,9 +69,8 @@ FREE_CAPS = ("none", "token", "prompt", "both")
 SLO_NAMES = tuple(f"{m} P{p}" for m in ("TTFT", "TBT", "E2E") for p in (50, 90, 99))
 CONSTRAINT_NAMES = SLO_NAMES + ("KV memory", "prompt-pool load", "token-pool load", "cost budget",
                                 "power budget")
-# Variables of the relaxed problem, in this order (log pool sizes, cap logits, log rate).
-VARIABLES = ("log_prompt_machines", "log_token_machines", "prompt_cap_logit", "token_cap_logit",
-             "log_rate")
+# Variables of the relaxed problem, in this order (log pool sizes, caps, log rate).
+VARIABLES = ("log_prompt_machines", "log_token_machines", "prompt_cap_frac", "token_cap_frac", "log_rate")
 CHUNK = 64  # points per vectorised evaluation: one compiled shape serves every batch
 REFERENCE_MACHINES = 40  # the paper's iso-power / iso-cost reference: 40 DGX-H100 (§VI-C)
 _FEAS_TOL = 1e-9  # budgets met with equality (40 machines on a 40-machine budget) count
@@ -292,9 +291,10 @@ def _make_spec(cluster: Cluster, workload: Workload, problem: Problem) -> tuple[
     rate = float(np.asarray(workload.rate_per_s)) if problem.rate_per_s is None else float(problem.rate_per_s)
     throughput = problem.objective == "throughput"
     free = np.array([1.0, 1.0 if splitwise else 0.0, float(free_p), float(free_t), float(throughput)])
-    big = 50.0  # logit bound: sigmoid(50) = 1 to double precision
-    u_lo = np.array([0.0, 0.0, -big, -big, math.log(_RATE_BOUNDS[0])])
-    u_hi = np.array([math.log(hi_p), math.log(max(hi_t, 1)), big, big, math.log(_RATE_BOUNDS[1])])
+    # Caps are optimised as they are, projected onto [floor, 1] (a sigmoid would starve
+    # the gradient at the usual start, cap = 1); pools and rate in log space.
+    u_lo = np.array([0.0, 0.0, _cap_floor(cluster.prompt), _cap_floor(cluster.token), math.log(_RATE_BOUNDS[0])])
+    u_hi = np.array([math.log(hi_p), math.log(max(hi_t, 1)), 1.0, 1.0, math.log(_RATE_BOUNDS[1])])
     budgets = np.array([problem.cost_budget_per_h or np.inf, problem.power_budget_kw or np.inf])
     mask = np.ones(len(CONSTRAINT_NAMES))
     mask[11] = float(splitwise)
@@ -319,8 +319,7 @@ def _with_cap(timing, cap):
 def _physical(spec: _Spec, u):
     """Variables -> (n_prompt, n_token, prompt cap, token cap, rate)."""
     f = spec.free
-    caps = spec.cap_lo + (1.0 - spec.cap_lo) * jax.nn.sigmoid(u[2:4])
-    caps = f[2:4] * caps + (1.0 - f[2:4]) * spec.cap_fixed
+    caps = f[2:4] * u[2:4] + (1.0 - f[2:4]) * spec.cap_fixed
     rate = f[4] * jnp.exp(u[4]) + (1.0 - f[4]) * spec.rate_fixed
     n_t = jnp.exp(u[1]) if spec.cluster.kind == "splitwise" else jnp.asarray(0.0)
     return jnp.stack([jnp.exp(u[0]), n_t, caps[0], caps[1], rate])
@@ -636,11 +635,29 @@ def _score_cells(cluster, spec, info, problem, cells, config, *, rate_lo=None, r
 # The optimiser
 # --------------------------------------------------------------------------------------
 
+def _frontier(cluster: Cluster, problem: Problem, info: dict, caps) -> np.ndarray:
+    """Pool sizes that spend the whole budget: n_p from 1 to its bound, n_t the rest."""
+    if not info["splitwise"]:
+        return np.array([[float(info["hi_p"]), 0.0]])
+    n_p = np.unique(np.round(np.linspace(1, info["hi_p"], CHUNK), 6))
+    n_t = np.full_like(n_p, float(info["hi_t"]))
+    for budget, (up, ut) in ((problem.cost_budget_per_h, _unit_cost(cluster)),
+                             (problem.power_budget_kw, _unit_power(cluster, caps))):
+        if budget is not None:
+            n_t = np.minimum(n_t, (budget - n_p * up) / ut)
+    keep = n_t >= 1.0
+    return np.stack([n_p[keep], n_t[keep]], axis=1)
+
+
 def _start_points(spec: _Spec, info: dict, problem: Problem, cluster: Cluster, config: SolverConfig):
-    """A coarse vectorised sweep (one chunk) to start from; returns u0 (5,) and evals."""
+    """A coarse vectorised sweep to start from; returns u0 (5,) and the evaluations spent.
+
+    Cost/power: an 8 x 8 log-spaced grid of pool sizes at the target load (one batch).
+    Throughput: CHUNK splits of the budget between the pools, each with its largest
+    feasible rate by a coarse vectorised bisection (~3% resolution)."""
     hi_p, hi_t = info["hi_p"], info["hi_t"]
-    cp = float(spec.cap_fixed[0]) if not info["free_p"] else 1.0
-    ct = float(spec.cap_fixed[1]) if not info["free_t"] else 1.0
+    cp = float(spec.cap_fixed[0])
+    ct = float(spec.cap_fixed[1])
     if problem.objective != "throughput":
         if info["splitwise"]:
             ps, ts = np.geomspace(1, hi_p, 8), np.geomspace(1, hi_t, 8)
@@ -648,37 +665,27 @@ def _start_points(spec: _Spec, info: dict, problem: Problem, cluster: Cluster, c
         else:
             pts = np.stack([np.geomspace(1, hi_p, CHUNK), np.zeros(CHUNK)], axis=1)
         phys = np.concatenate([pts, np.tile([cp, ct, info["rate"]], (len(pts), 1))], axis=1)
-    else:
-        # Budget frontier: the share of the budget spent on the prompt pool, at 8 rates
-        # spread under each share's capacity (measured by one sweep at a very high load).
-        if info["splitwise"]:
-            shares = np.linspace(0.1, 0.9, 8)
-            pts = np.stack([np.maximum(1.0, shares * hi_p), np.maximum(1.0, (1 - shares) * hi_t)], axis=1)
+        g, cost, power = _evaluate_points(spec, phys, config.resolution)
+        n_evals = len(phys)
+        feas = _is_feasible(g)
+        obj = cost if problem.objective == "cost" else power
+        if feas.any():
+            i = int(np.argmin(np.where(feas, obj, np.inf)))
         else:
-            pts = np.array([[hi_p, 0.0]] * 8)
-        probe = np.concatenate([pts, np.tile([cp, ct, _RATE_BOUNDS[1] / 4], (len(pts), 1))], axis=1)
-        m, _, _ = _assess_batch(jnp.asarray(np.concatenate([probe, np.repeat(probe[-1:], CHUNK - len(probe), 0)])),
-                                spec, config.resolution)
-        cap = np.asarray(m.throughput_rps)[:len(pts)]
-        fr = np.geomspace(0.05, 1.0, 8)
-        phys = np.array([[*pts[i], cp, ct, max(cap[i] * f, _RATE_BOUNDS[0])] for i in range(len(pts)) for f in fr])
-    g, cost, power = _evaluate_points(spec, phys, config.resolution)
-    feas = _is_feasible(g)
-    obj = {"cost": cost, "power": power, "throughput": -phys[:, 4]}[problem.objective]
-    if feas.any():
-        i = int(np.argmin(np.where(feas, obj, np.inf)))
+            i = int(np.argmax(np.min(np.where(np.asarray(spec.con_mask) > 0, g, np.inf), axis=1)))
+        p = phys[i]
     else:
-        i = int(np.argmax(np.min(np.where(np.asarray(spec.con_mask) > 0, g, np.inf), axis=1)))
-    p = phys[i]
-    u0 = np.array([math.log(max(p[0], 1.0)), math.log(max(p[1], 1.0)),
-                   _logit_of(cp if info["free_p"] else 0.999, float(spec.cap_lo[0])),
-                   _logit_of(ct if info["free_t"] else 0.999, float(spec.cap_lo[1])), math.log(p[4])])
-    return u0, len(phys) + (CHUNK if problem.objective == "throughput" else 0)
-
-
-def _logit_of(cap: float, lo: float) -> float:
-    x = min(max((cap - lo) / max(1.0 - lo, 1e-9), 1e-3), 1 - 1e-3)
-    return math.log(x / (1 - x))
+        # Just inside the budget, so the budget constraint starts satisfied.
+        pts = _frontier(cluster, problem, info, (cp, ct)) * (1.0 - 1e-6)
+        cells = np.concatenate([pts, np.tile([cp, ct], (len(pts), 1))], axis=1)
+        rates, _, _, _, n_evals = _max_rates(spec, cells, _RATE_BOUNDS[0], 64.0, 0.03, config.resolution)
+        if np.isfinite(rates).any():
+            i = int(np.nanargmax(rates))
+            p = np.append(cells[i], rates[i])
+        else:
+            p = np.append(cells[len(cells) // 2], _RATE_BOUNDS[0])
+    u0 = np.array([math.log(max(p[0], 1.0)), math.log(max(p[1], 1.0)), cp, ct, math.log(p[4])])
+    return u0, n_evals
 
 
 def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
@@ -1301,6 +1308,10 @@ def main(argv=None) -> int:
         if args.bins < 0 or (0 < args.bins < 1):
             raise ValueError(f"--bins must be >= 0, got {args.bins}")
         check_int("--max-machines", args.max_machines, 1)
+        for flag, v in (("--rate", args.rate), ("--power-budget", args.power_budget), ("--cost-budget", args.cost_budget),
+                        ("--cap-step", args.cap_step)):
+            if v is not None:
+                check_positive(flag, v)
         if args.steps is not None:
             check_int("--steps", args.steps, 1)
         slo = _parse_slo(args.slo) if args.slo else PAPER_SLO

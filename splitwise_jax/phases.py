@@ -70,6 +70,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos, smooth_min_one
 from splitwise_jax._validate import check_positive, check_range, is_concrete
@@ -98,9 +99,11 @@ def check_cap_frac(gpu: GPU, cap_frac) -> None:
     """Raise ValueError unless a concrete cap_frac lies in [min_cap_w / tdp_w, 1]."""
     if not (is_concrete(cap_frac) and is_concrete(gpu)):
         return
-    lo = float(gpu.min_cap_w) / float(gpu.tdp_w)
+    # max: a GPU whose fields are arrays (rows of several GPUs) checks against the highest floor
+    lo = float(np.max(np.asarray(gpu.min_cap_w, dtype=float) / np.asarray(gpu.tdp_w, dtype=float)))
     check_range("cap_frac", cap_frac, lo, 1.0,
-                unit=f"(fraction of {gpu.name}'s TDP {float(gpu.tdp_w):g} W; floor = min_cap_w / tdp_w)")
+                unit=f"(fraction of {gpu.name}'s TDP {np.asarray(gpu.tdp_w, dtype=float).max():g} W; "
+                     "floor = min_cap_w / tdp_w)")
 
 
 def _time_at_clock(params: PhaseParams, compute, memory, comm, fixed, x):

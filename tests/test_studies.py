@@ -1,0 +1,128 @@
+"""The paper-reproduction studies and the notebooks run end to end (smoke mode).
+
+Each study script runs in a subprocess with SPLITWISE_SMOKE=1 into a temporary folder;
+it must exit 0 and write its PNGs and non-empty CSVs with the expected columns. The
+notebooks are executed with nbclient on the default "python3" kernel (ipykernel's spec,
+which jupyter_client starts with this interpreter) in smoke mode.
+
+All runs share one JAX persistent compilation cache (a temporary folder), so a program
+compiled by one script (the shared vmapped `evaluate` of studies/_common.py) is loaded,
+not recompiled, by the next: the whole file stays within a few minutes on 2 cores.
+None of this needs the shared data folder (the studies use the shipped calibration and
+workloads); the tour notebook uses the measured profiles only when they are present.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = ROOT / "studies"
+NOTEBOOKS = ROOT / "notebooks"
+LATENCY = [f"{m}_{p}_s" for m in ("ttft", "tbt", "e2e") for p in ("p50", "p90", "p99")]
+PAPER_TABLE = ["claim", "paper", "ours", "ours_over_paper_minus_1"]
+
+# script -> {csv: required columns}, pngs
+EXPECTED = {
+    "fig12_provisioning.py": ({"fig12_grid.csv": ["design", "n_prompt", "n_token", "min_margin", "meets_slo",
+                                                  "cost_per_hour", "provisioned_power_kw"] + LATENCY,
+                               "fig12_optima.csv": ["design", "cost_opt_n_prompt", "cost_opt_n_token"],
+                               "fig12_paper_vs_ours.csv": PAPER_TABLE},
+                              ["fig12_heatmaps.png"]),
+    "fig14_15_kv_transfer.py": ({"fig14_transfer_vs_prompt.csv": ["link", "prompt_tokens", "serialized_s",
+                                                                  "layerwise_s", "layerwise_frac_of_prompt"],
+                                 "fig15_e2e_overhead.csv": ["design", "mode", "rate", "e2e_p50_overhead",
+                                                            "e2e_p99_overhead"],
+                                 "fig15_second_token.csv": ["design", "prompt_tokens",
+                                                            "second_token_increase_serialized",
+                                                            "second_token_increase_layerwise"],
+                                 "fig14_15_paper_vs_ours.csv": PAPER_TABLE},
+                                ["fig14_15_kv_transfer.png"]),
+    "fig16_latency_vs_load.py": ({"fig16_latency_vs_load.csv": ["design", "workload", "rate", "meets_slo"] + LATENCY,
+                                  "fig16_throughput_at_slo.csv": ["design", "workload", "throughput_at_slo",
+                                                                  "vs_baseline_h100"],
+                                  "fig16_paper_vs_ours.csv": PAPER_TABLE},
+                                 ["fig16_coding.png", "fig16_conversation.png"]),
+    "fig17_batch_sizes.py": ({"fig17_batch_vs_load.csv": ["design", "workload", "rate", "batch_prompt_pool",
+                                                          "batch_token_pool", "share_le15_tokens_prompt_pool"],
+                              "fig17_paper_vs_ours.csv": PAPER_TABLE},
+                             ["fig17_batch_sizes.png"]),
+    "fig18_19_iso.py": ({"fig18_19_designs.csv": ["problem", "design", "feasible", "n_prompt", "n_token",
+                                                  "throughput_rps", "cost_per_hour", "provisioned_power_kw"],
+                         "fig18_19_no_slo.csv": ["design", "capacity_rps", "rps_per_dollar_hour"],
+                         "fig18_19_paper_vs_ours.csv": PAPER_TABLE},
+                        ["fig18_19_iso.png"]),
+    "fig20_robustness.py": ({"fig20_robustness.csv": ["experiment", "design", "model", "throughput_at_slo",
+                                                      "loss_vs_reference"],
+                             "fig20_paper_vs_ours.csv": PAPER_TABLE},
+                            ["fig20_robustness.png"]),
+    "bandwidth_sensitivity.py": ({"bandwidth_sweep.csv": ["design", "mode", "gbps_per_gpu", "throughput_at_slo",
+                                                          "cost_at_target"] + LATENCY,
+                                  "bandwidth_elasticities.csv": ["design", "mode", "gbps_per_gpu",
+                                                                 "fd_throughput_at_slo", "ad_throughput_at_slo",
+                                                                 "ad_cost_at_target", "ad_e2e_p50_s"],
+                                  "bandwidth_breakeven.csv": ["design", "mode", "throughput_breakeven_gbps",
+                                                              "cost_breakeven_gbps"],
+                                  "optimum_sensitivity.csv": ["design", "mode", "hbm_bw_token", "flops_prompt",
+                                                              "cap_prompt"],
+                                  "bandwidth_paper_vs_ours.csv": PAPER_TABLE},
+                                 ["bandwidth_sensitivity.png"]),
+}
+NOTEBOOK_NAMES = ("tour", "kv_transfer", "latency_vs_load", "bandwidth_sensitivity")
+
+
+@pytest.fixture(scope="module")
+def smoke_env(tmp_path_factory):
+    """Environment of every run: smoke mode and one persistent compilation cache."""
+    cache = tmp_path_factory.mktemp("jax_cache")
+    env = dict(os.environ)
+    env.update(SPLITWISE_SMOKE="1", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", MPLBACKEND="Agg")
+    return env
+
+
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_study_smoke(script, smoke_env, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(STUDIES / script), "--out", str(out)], env=smoke_env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert "paper" in proc.stdout  # it printed its paper-vs-ours table
+    csvs, pngs = EXPECTED[script]
+    for name, columns in csvs.items():
+        path = out / name
+        assert path.is_file(), f"{script} did not write {name}"
+        df = pd.read_csv(path)
+        assert len(df) > 0, f"{name} is empty"
+        missing = [c for c in columns if c not in df.columns]
+        assert not missing, f"{name} lacks columns {missing}"
+    for name in pngs:
+        path = out / name
+        assert path.is_file() and path.stat().st_size > 1000, f"{script} did not write a real {name}"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_NAMES)
+def test_notebook_executes(name, smoke_env, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    path = NOTEBOOKS / f"{name}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    # Stored without outputs (the repository keeps notebooks diff-able).
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
+    # Notebooks use the public API only: no private modules, no study helpers.
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "splitwise_jax._" not in source and "_common" not in source
+    for k, v in smoke_env.items():  # the kernel inherits this process's environment
+        monkeypatch.setenv(k, v)
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
