@@ -306,7 +306,8 @@ def _make_spec(cluster: Cluster, workload: Workload, problem: Problem) -> tuple[
         u_hi=jnp.asarray(u_hi), cap_lo=jnp.asarray([_cap_floor(cluster.prompt), _cap_floor(cluster.token)]),
         cap_fixed=jnp.asarray([_caps_of(cluster.prompt), _caps_of(cluster.token)]),
         rate_fixed=jnp.asarray(rate), w_obj=jnp.asarray(w), budgets=jnp.asarray(budgets), con_mask=jnp.asarray(mask))
-    info = dict(hi_p=hi_p, hi_t=hi_t, free_p=free_p, free_t=free_t, rate=rate, splitwise=splitwise)
+    info = dict(hi_p=hi_p, hi_t=hi_t, free_p=free_p, free_t=free_t, rate=rate, splitwise=splitwise,
+                cap_step=problem.cap_step)
     return spec, info
 
 
@@ -427,12 +428,14 @@ class OptimizeResult:
         design, objective: what was solved.
         best: the integer answer (None if nothing feasible was found).
         metrics: `ClusterMetrics` of the answer (on the workload given to optimize).
-        continuous: the relaxed optimum (pools, caps, rate) before rounding.
+        continuous: the relaxed optimum (pools, caps, rate) before rounding, and the
+            constraints it still violates (`violated`: name -> g < 0, log units).
         multipliers: final Lagrange multipliers by constraint name (> 0: active at the
             continuous optimum).
         binding: constraints that stop a cheaper (or faster) neighbour: for each pool,
             the constraints the configuration with one machine fewer (rate: 1% more) violates.
-        history: objective and worst violation per gradient step.
+        history: objective (its own units) and worst constraint violation (log units)
+            per gradient step.
         evaluations: configurations evaluated (gradient steps count one each).
         timings_s: wall time of each phase ("start", "gradient", "repair"), the first
             call of each compiled function included.
@@ -577,8 +580,9 @@ def _max_rates(spec: _Spec, cells: np.ndarray, lo: float, hi: float, rate_tol: f
 
 
 def _cap_grid(lo: float, step: float) -> np.ndarray:
-    grid = np.arange(lo, 1.0 - 1e-9, step)
-    return np.unique(np.round(np.append(grid, 1.0), 12))
+    """Caps searched by the integer repair and the grid: 1, 1 - step, ... down to the floor."""
+    grid = 1.0 - step * np.arange(int(math.floor((1.0 - lo) / step + 1e-9)) + 1)
+    return np.unique(np.round(np.append(grid, lo), 12))
 
 
 def _box(p_range, t_range, cp_values, ct_values) -> np.ndarray:
@@ -716,7 +720,6 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a Workload (see workload.workload), got {type(workload).__name__}")
     spec, info = _make_spec(cluster, workload, problem)
-    info["cap_step"] = problem.cap_step
     timings = {}
 
     t0 = time.perf_counter()
@@ -741,10 +744,12 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
                                                 config.resolution)
             gs = np.asarray(gs)
             viols = np.max(np.where(mask > 0, np.maximum(-gs, 0.0), 0.0), axis=1)
-            hist_obj.extend(np.asarray(fs).tolist())
+            # f is log cost, log power or -log rate: back to the objective's own units.
+            fs = np.exp(-np.asarray(fs) if problem.objective == "throughput" else np.asarray(fs))
+            hist_obj.extend(fs.tolist())
             hist_viol.extend(viols.tolist())
             bar.update(config.steps_per_round)
-            bar.set_postfix(obj=f"{float(np.exp(hist_obj[-1])):.4g}", viol=f"{viols[-1]:.3f}")
+            bar.set_postfix(obj=f"{fs[-1]:.4g}", viol=f"{viols[-1]:.3f}")
             # Multiplier update at the round's last point (PHR, smoothed), then the penalty.
             g_last = jnp.asarray(gs[-1])
             lam = jnp.asarray(mask) * softplus(lam - rho * g_last, config.temperature)
@@ -756,7 +761,8 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     timings["gradient"] = time.perf_counter() - t0
     phys_c = np.asarray(_physical(spec, u))
     continuous = dict(prompt_machines=float(phys_c[0]), token_machines=float(phys_c[1]),
-                      prompt_cap_frac=float(phys_c[2]), token_cap_frac=float(phys_c[3]), rate_per_s=float(phys_c[4]))
+                      prompt_cap_frac=float(phys_c[2]), token_cap_frac=float(phys_c[3]), rate_per_s=float(phys_c[4]),
+                      violated={n: float(v) for n, v, k in zip(CONSTRAINT_NAMES, gs[-1], mask) if k > 0 and v < 0})
 
     t0 = time.perf_counter()
     best, n_rep = _repair(cluster, spec, info, problem, config, phys_c, progress)
@@ -813,6 +819,11 @@ def _repair(cluster, spec, info, problem, config, phys_c, progress):
         R = config.radius
         on_edge = (abs(best.prompt_machines - center[0]) == R and 1 < best.prompt_machines < info["hi_p"]) or (
             info["splitwise"] and abs(best.token_machines - center[1]) == R and 1 < best.token_machines < info["hi_t"])
+        for which, free in ((0, info["free_p"]), (1, info["free_t"])):
+            grid = _cap_values(info, spec, free, which)
+            k_c = int(np.argmin(np.abs(grid - center[2 + which])))
+            k_b = int(np.argmin(np.abs(grid - (best.prompt_cap_frac, best.token_cap_frac)[which])))
+            on_edge |= free and abs(k_b - k_c) == config.cap_radius and 0 < k_b < len(grid) - 1
         if not on_edge:
             break
         center = (best.prompt_machines, best.token_machines, best.prompt_cap_frac, best.token_cap_frac)
@@ -877,7 +888,6 @@ def grid_search(cluster: Cluster, workload: Workload, problem: Problem = Problem
         GridResult with the best cell (ties broken as in `optimize`).
     """
     spec, info = _make_spec(cluster, workload, problem)
-    info["cap_step"] = problem.cap_step
     t0 = time.perf_counter()
     cells = _box(range(1, info["hi_p"] + 1),
                    range(1, info["hi_t"] + 1) if info["splitwise"] else [0],
@@ -1085,9 +1095,13 @@ def _print_result(res: OptimizeResult, cluster: Cluster, title: str, full: Candi
     print(title)
     b = res.best
     if b is None:
+        c = res.continuous
         print("  no feasible integer configuration found near the continuous optimum "
-              f"({res.continuous['prompt_machines']:.2f} prompt, {res.continuous['token_machines']:.2f} token, "
-              f"{res.continuous['rate_per_s']:.2f} req/s); raise --max-machines or the budget")
+              f"({c['prompt_machines']:.2f} prompt, {c['token_machines']:.2f} token, {c['rate_per_s']:.2f} req/s)")
+        if c["violated"]:
+            print("  still violated there: " + ", ".join(f"{n} ({np.expm1(v):+.1%})" for n, v in c["violated"].items()))
+        print(f"  pools searched up to {res.bounds[0]} (prompt) and {res.bounds[1]} (token): raise --max-machines "
+              "or the budget, or relax --slo")
     else:
         caps = (f"caps {b.prompt_cap_frac:.0%} / {b.token_cap_frac:.0%} of TDP" if splitwise
                 else f"cap {b.prompt_cap_frac:.0%} of TDP")

@@ -56,6 +56,9 @@ HORIZON_S = 120.0  # the paper's and SplitwiseSim's 2-minute traces
 # a few per cent (benchmarks of the resolution are in the cluster model's tests).
 RESOLUTION = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4) if SMOKE else Resolution()
 CHUNK = 16 if SMOKE else 64
+# Full runs also compile an 8-wide program for small calls (a single configuration's
+# rate search would otherwise pad 1 point to 64); smoke runs keep one program.
+SMALL_CHUNK = CHUNK if SMOKE else 8
 _SMOKE_BINS = 8
 _FULL_SHAPE = (32, 32)  # coding has 28 x 32 classes, conversation 32 x 32: pad to one grid
 STUDIES_DIR = Path(__file__).resolve().parent
@@ -299,11 +302,12 @@ def sweep(c: Cluster, wl: Workload, *, n_prompt=None, n_token=None, rate=None, k
             kv_bandwidth if kv_bandwidth is not None else c.transfer.bandwidth_bytes_per_s]
     cols = [np.ravel(np.asarray(x, float)) for x in np.broadcast_arrays(*[np.asarray(x, float) for x in cols])]
     n = cols[0].size
-    pad = (-n) % CHUNK
+    chunk = SMALL_CHUNK if n <= SMALL_CHUNK else CHUNK
+    pad = (-n) % chunk
     cols_p = [np.concatenate([x, np.repeat(x[-1:], pad)]) for x in cols]
     parts = []
-    for s in range(0, n + pad, CHUNK):
-        m = _sweep_chunk(c, wl, *(jnp.asarray(x[s:s + CHUNK]) for x in cols_p))
+    for s in range(0, n + pad, chunk):
+        m = _sweep_chunk(c, wl, *(jnp.asarray(x[s:s + chunk]) for x in cols_p))
         parts.append(jax.tree.map(np.asarray, m))
     m = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *parts)
     return metrics_frame(m, dict(n_prompt=cols[0], n_token=cols[1], rate=cols[2], kv_bandwidth_bytes_per_s=cols[3]))
@@ -312,7 +316,7 @@ def sweep(c: Cluster, wl: Workload, *, n_prompt=None, n_token=None, rate=None, k
 def metrics_frame(m, inputs: dict | None = None) -> pd.DataFrame:
     """`ClusterMetrics` with a leading point axis as a flat DataFrame."""
     d = dict(inputs or {})
-    for i, met in enumerate(METRICS):
+    for met in METRICS:
         for q, pc in enumerate(PCTS):
             d[f"{met}_{pc}_s"] = np.asarray(getattr(m, f"{met}_s"))[..., q]
             d[f"slowdown_{met}_{pc}"] = np.asarray(getattr(m, f"slowdown_{met}"))[..., q]
@@ -335,35 +339,85 @@ def _ok(df: pd.DataFrame, criterion: str) -> np.ndarray:
     return (df["throughput_rps"] >= KEEP_UP * df["rate"]).to_numpy()
 
 
+def search_boundary(ok_fn, lo: np.ndarray, hi: np.ndarray, *, increasing: bool, rel_tol: float | None = None):
+    """Vectorised k-ary search for the boundary of a monotone predicate, in log space.
+
+    Args:
+        ok_fn: maps an (n, k) array of log-values to an (n, k) bool array; for each row it
+            is monotone: True below the boundary and False above (``increasing=False``,
+            e.g. "meets the SLOs at this rate"), or the reverse (``increasing=True``,
+            e.g. "meets the SLOs with this many machines").
+        lo, hi: (n,) log-bounds of the search.
+        rel_tol: relative resolution of the answer (default 0.5% smoke, 0.05% full).
+
+    Returns:
+        (n,) the boundary in linear units: the largest True value (decreasing) or the
+        smallest True value (increasing); 0 / inf where the predicate holds nowhere in
+        [lo, hi], and the bound itself where it holds everywhere.
+
+    Each step evaluates k points per row in one `sweep` call (k = SMALL_CHUNK // n for few
+    rows, so a single configuration costs ~4 calls instead of ~12 bisection steps).
+    """
+    rel_tol = (5e-3 if SMOKE else 5e-4) if rel_tol is None else rel_tol
+    lo, hi = np.asarray(lo, float).copy(), np.asarray(hi, float).copy()
+    lo0, hi0 = lo.copy(), hi.copy()
+    n = lo.size
+    ends = ok_fn(np.stack([lo, hi], axis=1))
+    ok_lo, ok_hi = ends[:, 0], ends[:, 1]
+    k = max(1, SMALL_CHUNK // n) if n <= SMALL_CHUNK else 1
+    frac = np.arange(1, k + 1) / (k + 1)
+    while np.any(hi - lo > rel_tol):
+        x = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+        ok = ok_fn(x)
+        if increasing:  # True from the boundary up: smallest True point
+            any_ok = ok.any(axis=1)
+            first = np.argmax(ok, axis=1)
+            new_hi = np.where(any_ok, x[np.arange(n), first], hi)
+            new_lo = np.where(any_ok, np.where(first > 0, x[np.arange(n), first - 1], lo), x[:, -1])
+        else:  # True up to the boundary: largest True point
+            any_bad = (~ok).any(axis=1)
+            first_bad = np.argmax(~ok, axis=1)
+            new_lo = np.where(any_bad, np.where(first_bad > 0, x[np.arange(n), first_bad - 1], lo), x[:, -1])
+            new_hi = np.where(any_bad, x[np.arange(n), first_bad], hi)
+        lo, hi = new_lo, new_hi
+    if increasing:
+        return np.where(~ok_hi, np.inf, np.where(ok_lo, np.exp(lo0), np.exp(hi)))
+    return np.where(~ok_lo, 0.0, np.where(ok_hi, np.exp(hi0), np.exp(lo)))
+
+
+#: Share of the offered rate a cluster must serve to count as keeping up (`capacity`).
+KEEP_UP = 0.98
+
+
+def _ok(df: pd.DataFrame, criterion: str) -> np.ndarray:
+    if criterion == "slo":
+        return df["meets_slo"].to_numpy()
+    return (df["throughput_rps"] >= KEEP_UP * df["rate"]).to_numpy()
+
+
 def throughput_at_slo(c: Cluster, wl: Workload, n_prompt, n_token=0.0, *, kv_bandwidth=None, r_lo: float = 1.0,
-                      r_hi: float = 400.0, iters: int | None = None, criterion: str = "slo") -> np.ndarray:
+                      r_hi: float = 400.0, criterion: str = "slo") -> np.ndarray:
     """The highest arrival rate at which each configuration meets every SLO (req/s).
 
-    Vectorised bisection in log rate (all configurations move together, one `sweep`
-    per step). Returns 0 where even `r_lo` fails and `r_hi` where `r_hi` still meets.
-    Resolution: (r_hi / r_lo)^(2^-iters) relative.
+    `search_boundary` in log rate (feasibility is taken as monotone in the rate). Returns
+    0 where even `r_lo` fails and `r_hi` where `r_hi` still meets.
 
     Args:
         criterion: "slo" (all nine Table VI limits hold) or "capacity" (the cluster
             serves at least `KEEP_UP` of the offered rate: no SLO, batch jobs).
     """
-    iters = (8 if SMOKE else 12) if iters is None else iters
     bw0 = c.transfer.bandwidth_bytes_per_s if kv_bandwidth is None else kv_bandwidth
     n_p, n_t, bw = np.broadcast_arrays(*(np.asarray(x, float) for x in (n_prompt, n_token, bw0)))
     shape = n_p.shape
     n_p, n_t, bw = n_p.ravel(), n_t.ravel(), bw.ravel()
-    lo = np.full(n_p.shape, np.log(r_lo))
-    hi = np.full(n_p.shape, np.log(r_hi))
-    ends = sweep(c, wl, n_prompt=np.concatenate([n_p, n_p]), n_token=np.concatenate([n_t, n_t]),
-                 rate=np.exp(np.concatenate([lo, hi])), kv_bandwidth=np.concatenate([bw, bw]))
-    ok_ends = _ok(ends, criterion)
-    ok_lo, ok_hi = ok_ends[: n_p.size], ok_ends[n_p.size:]
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        ok = _ok(sweep(c, wl, n_prompt=n_p, n_token=n_t, rate=np.exp(mid), kv_bandwidth=bw), criterion)
-        lo = np.where(ok, mid, lo)
-        hi = np.where(ok, hi, mid)
-    r = np.where(ok_hi, r_hi, np.where(ok_lo, np.exp(lo), 0.0))
+
+    def ok(log_r):
+        k = log_r.shape[1]
+        df = sweep(c, wl, n_prompt=np.repeat(n_p, k), n_token=np.repeat(n_t, k), rate=np.exp(log_r).ravel(),
+                   kv_bandwidth=np.repeat(bw, k))
+        return _ok(df, criterion).reshape(log_r.shape)
+
+    r = search_boundary(ok, np.full(n_p.size, np.log(r_lo)), np.full(n_p.size, np.log(r_hi)), increasing=False)
     return r.reshape(shape)
 
 
@@ -409,7 +463,8 @@ def _jacobian_chunk(c: Cluster, wl: Workload, n_p, n_t, rate, bw):
     return jax.vmap(one)(n_p, n_t, rate, bw)
 
 
-def margin_jacobian(c: Cluster, wl: Workload, n_prompt, n_token, rate, kv_bandwidth=None) -> tuple[np.ndarray, np.ndarray]:
+def margin_jacobian(c: Cluster, wl: Workload, n_prompt, n_token, rate,
+                    kv_bandwidth=None) -> tuple[np.ndarray, np.ndarray]:
     """Values and Jacobians of `OUTPUTS` w.r.t. the log-multipliers `THETA` at each point.
 
     Arguments broadcast to one 1-D length (padded to `CHUNK`s like `sweep`).
@@ -561,33 +616,85 @@ def solver_config():
     return SolverConfig(resolution=RESOLUTION)
 
 
+SIZING_CACHE = STUDIES_DIR / "out" / "iso_power_sizing.csv"
+
+
+def model_fingerprint(model: str = "bloom-176b") -> str:
+    """A short hash of the model's predictions at two reference points.
+
+    Sizing searches are cached on disk across study scripts; the cache is valid only
+    while the model (phase parameters, cluster equations, workloads) is unchanged, which
+    this fingerprint detects without reading any code.
+    """
+    import hashlib
+
+    wl = study_workload("coding", 40.0)
+    parts = []
+    for d, n_p, n_t in (("baseline-h100", 40.0, 0.0), ("splitwise-ha", 20.0, 20.0)):
+        df = sweep(cluster(d, model=model), wl, n_prompt=n_p, n_token=n_t)
+        parts.append(np.round(df[list(LATENCY_COLS)].to_numpy(), 6).tobytes())
+    return hashlib.sha1(b"".join(parts) + repr((SMOKE, RESOLUTION)).encode()).hexdigest()[:12]
+
+
+def _read_sizing_cache(fp: str) -> dict:
+    if not SIZING_CACHE.is_file():
+        return {}
+    try:
+        df = pd.read_csv(SIZING_CACHE)
+    except Exception:  # noqa: BLE001 - a damaged cache is just recomputed
+        return {}
+    df = df[df["fingerprint"] == fp]
+    return {(r.design, r.workload, r.model, round(float(r.budget_kw), 3)): (float(r.n_prompt), float(r.n_token))
+            for r in df.itertuples()}
+
+
+def _write_sizing_cache(fp: str, key, pools, method: str) -> None:
+    row = pd.DataFrame([dict(fingerprint=fp, design=key[0], workload=key[1], model=key[2], budget_kw=key[3],
+                             n_prompt=pools[0], n_token=pools[1], method=method)])
+    SIZING_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    row.to_csv(SIZING_CACHE, mode="a", header=not SIZING_CACHE.is_file(), index=False)
+
+
 def iso_power_pools(design: str, wl_name: str, model: str = "bloom-176b", *, search: bool | None = None):
     """(n_prompt, n_token) of a design's iso-power, throughput-optimised cluster.
 
     The paper's iso-power budget (40 DGX-H100); the split that maximises the rate at
     which every SLO holds, from `splitwise_jax.optimize` (throughput problem), or from
-    `best_on_budget` when the optimiser is unavailable. In smoke mode (unless `search`)
-    a stored split (`_SMOKE_ISO_POWER`) stands in for the search.
+    `best_on_budget` when the optimiser is unavailable. Full runs cache the answer in
+    ``studies/out/iso_power_sizing.csv``, keyed by `model_fingerprint`, so Figs. 16, 17,
+    20 and the bandwidth study size each design once. In smoke mode (unless `search`) a
+    stored split (`_SMOKE_ISO_POWER`) stands in for the search.
     """
     search = (not SMOKE) if search is None else search
     if not search and (wl_name, design) in _SMOKE_ISO_POWER:
         return _SMOKE_ISO_POWER[(wl_name, design)]
-    key = (design, wl_name, model)
-    if key not in _SIZING:
-        wl = study_workload(wl_name)
-        opt = optimizer()
-        if opt is not None:
-            res = opt.optimize(make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model), wl,
-                               opt.Problem("throughput", power_budget_kw=iso_power_budget_kw()), solver_config())
-            if res.best is None:
-                raise RuntimeError(f"optimize found no feasible iso-power cluster for {design} on {wl_name}")
-            _SIZING[key] = (float(res.best.prompt_machines), float(res.best.token_machines))
-        else:
-            best, _ = best_on_budget(design, wl, iso_power_budget_kw(), "power", c=cluster(design, model=model))
-            _SIZING[key] = (float(best["n_prompt"]), float(best["n_token"]))
-        print(f"sized {design} for {wl_name} ({model}): {_SIZING[key][0]:g} prompt + {_SIZING[key][1]:g} token "
-              "machines (iso-power, throughput-optimised)", flush=True)
-    return _SIZING[key]
+    budget = round(iso_power_budget_kw(), 3)
+    key = (design, wl_name, model, budget)
+    if key in _SIZING:
+        return _SIZING[key]
+    if "fingerprint" not in _SIZING:
+        _SIZING["fingerprint"] = model_fingerprint()
+        _SIZING.update(_read_sizing_cache(_SIZING["fingerprint"]))
+        if key in _SIZING:
+            return _SIZING[key]
+    wl = study_workload(wl_name)
+    opt = optimizer()
+    t0 = time.perf_counter()
+    if opt is not None:
+        res = opt.optimize(make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model), wl,
+                           opt.Problem("throughput", power_budget_kw=budget), solver_config())
+        if res.best is None:
+            raise RuntimeError(f"optimize found no feasible iso-power cluster for {design} on {wl_name}")
+        pools, method = (float(res.best.prompt_machines), float(res.best.token_machines)), "optimize"
+    else:
+        best, _ = best_on_budget(design, wl, budget, "power", c=cluster(design, model=model))
+        pools, method = (float(best["n_prompt"]), float(best["n_token"])), "grid"
+    _SIZING[key] = pools
+    if not SMOKE:
+        _write_sizing_cache(_SIZING["fingerprint"], key, pools, method)
+    print(f"sized {design} for {wl_name} ({model}): {pools[0]:g} prompt + {pools[1]:g} token machines "
+          f"(iso-power, throughput-optimised, {method}, {time.perf_counter() - t0:.0f} s)", flush=True)
+    return pools
 
 
 _OPTIMIZER_NOTE: list = []

@@ -36,7 +36,7 @@ bandwidth: throughput at SLO, cost at target, latencies), ``bandwidth_elasticiti
 
 Usage:
     python studies/bandwidth_sensitivity.py [--out DIR]
-    SPLITWISE_SMOKE=1 python studies/bandwidth_sensitivity.py   # 4 bandwidths, 2 designs, autodiff serialized only
+    SPLITWISE_SMOKE=1 python studies/bandwidth_sensitivity.py   # 4 bandwidths, HH only, autodiff serialized only
 """
 
 from __future__ import annotations
@@ -63,27 +63,22 @@ def prompt_shares() -> np.ndarray:
     return np.array([0.5, 0.7, 0.85]) if C.SMOKE else np.linspace(0.3, 0.95, 14)
 
 
-def min_machines(c, wl, design, share, bw, iters=None):
+def min_machines(c, wl, design, share, bw):
     """Smallest total machines N (continuous) meeting every SLO with share*N prompt machines."""
-    iters = (7 if C.SMOKE else 12) if iters is None else iters
     share, bw = np.broadcast_arrays(np.asarray(share, float), np.asarray(bw, float))
     share, bw = share.ravel(), bw.ravel()
     base = C.is_baseline(design)
 
-    def ok(n):
-        n_p = n if base else n * share
-        n_t = 0.0 * n if base else n * (1.0 - share)
-        return C.sweep(c, wl, n_prompt=n_p, n_token=n_t, kv_bandwidth=bw)["meets_slo"].to_numpy()
+    def ok(log_n):
+        k = log_n.shape[1]
+        n = np.exp(log_n).ravel()
+        s = np.repeat(share, k)
+        n_p, n_t = (n, 0.0 * n) if base else (n * s, n * (1.0 - s))
+        return C.sweep(c, wl, n_prompt=n_p, n_token=n_t, kv_bandwidth=np.repeat(bw, k))["meets_slo"].to_numpy().reshape(
+            log_n.shape)
 
-    lo = np.full(share.shape, np.log(N_BOUNDS[0]))
-    hi = np.full(share.shape, np.log(N_BOUNDS[1]))
-    feasible = ok(np.exp(hi))
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        good = ok(np.exp(mid))
-        hi = np.where(good, mid, hi)
-        lo = np.where(good, lo, mid)
-    return np.where(feasible, np.exp(hi), np.inf)
+    return C.search_boundary(ok, np.full(share.size, np.log(N_BOUNDS[0])), np.full(share.size, np.log(N_BOUNDS[1])),
+                             increasing=True)
 
 
 def cost_at_target(design, mode, wl, bws):
@@ -106,7 +101,7 @@ def main(argv=None) -> int:
     bws = C.kv_bandwidth_of_gbps(gbps)
     ib = float(C.kv_bandwidth_of_gbps(C.IB_GBPS_PER_GPU))
     wl = C.study_workload("coding", TARGET_RATE)
-    designs = ("splitwise-hh", "splitwise-aa") if C.SMOKE else C.SPLITWISE
+    designs = ("splitwise-hh",) if C.SMOKE else C.SPLITWISE
 
     # Baselines: no KV transfer, one number each.
     base = {}
@@ -162,7 +157,8 @@ def main(argv=None) -> int:
     cols = [c for c in ("design", "mode", "fd_throughput_at_slo", "ad_throughput_at_slo", "fd_cost_at_target",
                         "ad_cost_at_target", "fd_e2e_p50_s", "ad_e2e_p50_s", "fd_e2e_p99_s", "ad_e2e_p99_s")
             if c in ib_rows.columns]
-    C.print_frame(ib_rows[cols], "Elasticities d log(metric) / d log(bandwidth) at 400 Gbps: sweep (fd) vs autodiff (ad)")
+    C.print_frame(ib_rows[cols],
+                  "Elasticities d log(metric) / d log(bandwidth) at 400 Gbps: sweep (fd) vs autodiff (ad)")
     C.print_frame(optimum, "Elasticity of the cost at 70 req/s w.r.t. GPU specs (envelope theorem), at 400 Gbps")
 
     table = C.paper_vs_ours(claims(breakeven), "Bandwidth: the paper's open question (paper vs ours)")
@@ -224,27 +220,21 @@ def finite_differences(sweep: pd.DataFrame) -> pd.DataFrame:
 BW_SEARCH_GBPS = (0.1, 40000.0)
 
 
-def min_bandwidth_gbps(c, wl, n_prompt, n_token, rate, iters=None) -> np.ndarray:
+def min_bandwidth_gbps(c, wl, n_prompt, n_token, rate) -> np.ndarray:
     """Smallest KV link (Gbps per GPU) at which each configuration meets every SLO at
-    `rate`: vectorised bisection in log bandwidth (latency never falls as bandwidth
-    falls, tests/test_cluster.py). inf where even the fastest link searched fails."""
-    iters = (8 if C.SMOKE else 14) if iters is None else iters
+    `rate` (latency never falls as bandwidth falls, tests/test_cluster.py); inf where
+    even the fastest link searched fails."""
     n_p, n_t = np.broadcast_arrays(np.asarray(n_prompt, float), np.asarray(n_token, float))
     n_p, n_t = n_p.ravel(), n_t.ravel()
 
     def ok(log_g):
-        return C.sweep(c, wl, n_prompt=n_p, n_token=n_t, rate=rate,
-                       kv_bandwidth=C.kv_bandwidth_of_gbps(np.exp(log_g)))["meets_slo"].to_numpy()
+        k = log_g.shape[1]
+        df = C.sweep(c, wl, n_prompt=np.repeat(n_p, k), n_token=np.repeat(n_t, k), rate=rate,
+                     kv_bandwidth=C.kv_bandwidth_of_gbps(np.exp(log_g).ravel()))
+        return df["meets_slo"].to_numpy().reshape(log_g.shape)
 
-    lo = np.full(n_p.shape, np.log(BW_SEARCH_GBPS[0]))
-    hi = np.full(n_p.shape, np.log(BW_SEARCH_GBPS[1]))
-    feasible = ok(hi)
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        good = ok(mid)
-        hi = np.where(good, mid, hi)
-        lo = np.where(good, lo, mid)
-    return np.where(feasible, np.exp(hi), np.inf)
+    return C.search_boundary(ok, np.full(n_p.size, np.log(BW_SEARCH_GBPS[0])),
+                             np.full(n_p.size, np.log(BW_SEARCH_GBPS[1])), increasing=True)
 
 
 def break_even(designs, wl, base: dict) -> pd.DataFrame:

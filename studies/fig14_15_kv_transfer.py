@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     fig14 = transfer_table(prompts)
     fig15 = e2e_overhead(rates)
     at_rate = fig15[(fig15["mode"] == "serialized")]
-    batch = {d: float(np.interp(OPERATING_RATE, g["rate"], g["batch_token_pool"])) for d, g in at_rate.groupby("design")}
+    batch = {d: float(np.interp(OPERATING_RATE, g["rate"], g["batch_token_pool"]))
+             for d, g in at_rate.groupby("design")}
     median_p = float(C.study_workload("coding").prompt_quantile(0.5))
     second = second_token(np.unique(np.concatenate([prompts, [median_p]])), batch)
 

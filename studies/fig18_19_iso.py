@@ -19,7 +19,9 @@ solved by the studies' grid search (`_common.best_on_budget` along the budget li
 `_common.cheapest_meeting_slo` on a pool-size grid) and the ``method`` column says so.
 
 Outputs (studies/out/fig18_19_iso/): ``fig18_19_designs.csv`` (one row per design and
-problem), ``fig18_19_no_slo.csv``, ``fig18_19_paper_vs_ours.csv``, ``fig18_19_iso.png``.
+problem; ``throughput_rps`` of the budget problems is re-measured by the studies'
+bisection, ``throughput_at_slo_check`` for all), ``fig18_19_no_slo.csv``,
+``fig18_19_paper_vs_ours.csv``, ``fig18_19_iso.png``.
 
 Usage:
     python studies/fig18_19_iso.py [--out DIR] [--workload coding]
@@ -41,9 +43,13 @@ PROBLEMS = ("iso-power", "iso-cost", "iso-throughput-cost", "iso-throughput-powe
 MAX_MACHINES = 200  # per pool: Baseline-A100 at Baseline-H100's throughput needs > 128
 
 
-def solve(design: str, wl, problem: str, target_rate: float | None, method: str):
+def solve(design: str, wl, wl_name: str, problem: str, target_rate: float | None, method: str):
     """One sizing problem: (n_prompt, n_token, rate, method) or None if infeasible."""
     opt = C.optimizer() if method == "optimize" else None
+    if opt is not None and problem == "iso-power":
+        # The same problem `iso_power_pools` solves (and caches) for Figs. 16, 17 and 20.
+        n_p, n_t = C.iso_power_pools(design, wl_name, search=True)
+        return n_p, n_t, np.nan, "optimize"
     if opt is not None:
         kw = dict(max_machines=MAX_MACHINES)
         prob = {"iso-power": lambda: opt.Problem("throughput", power_budget_kw=C.iso_power_budget_kw(), **kw),
@@ -121,19 +127,28 @@ def main(argv=None) -> int:
     for problem in PROBLEMS:
         for d in C.ALL_DESIGNS:
             t = time.perf_counter()
-            sol = solve(d, wl, problem, target, method)
+            sol = solve(d, wl, args.workload, problem, target, method)
             if sol is None:
                 rows.append(dict(problem=problem, design=d, feasible=False))
                 print(f"{problem:>22} {d:<16} infeasible", flush=True)
                 continue
-            n_p, n_t, rate, method = sol
-            rows.append(dict(problem=problem, design=d, feasible=True, method=method, n_prompt=n_p, n_token=n_t,
-                             machines=n_p + n_t, throughput_rps=rate,
+            n_p, n_t, rate, how = sol
+            # Every answer is re-checked with the same evaluator: the throughput at SLO of
+            # the chosen pools (bisection), and the SLO verdict at the iso-throughput target.
+            check = float(C.throughput_at_slo(C.cluster(d), wl, n_p, n_t, r_hi=600.0))
+            if problem.startswith("iso-throughput"):
+                meets = bool(C.sweep(C.cluster(d), wl, n_prompt=n_p, n_token=n_t, rate=target)["meets_slo"].iloc[0])
+            else:
+                meets = True
+            rows.append(dict(problem=problem, design=d, feasible=True, method=how, n_prompt=n_p, n_token=n_t,
+                             machines=n_p + n_t, throughput_rps=check if problem in ("iso-power", "iso-cost") else rate,
+                             solver_rate_rps=rate, throughput_at_slo_check=check, meets_slo_at_target=meets,
                              cost_per_hour=n_p * up[d][0] + n_t * up[d][1],
                              provisioned_power_kw=n_p * pw[d][0] + n_t * pw[d][1]))
+            rate = rows[-1]["throughput_rps"]
             print(f"{problem:>22} {d:<16} {n_p:4g}P+{n_t:4g}T  {rate:7.2f} req/s  "
                   f"${rows[-1]['cost_per_hour']:7.0f}/h  {rows[-1]['provisioned_power_kw']:6.0f} kW  "
-                  f"({method}, {time.perf_counter() - t:.1f} s)", flush=True)
+                  f"({how}, {time.perf_counter() - t:.1f} s)", flush=True)
         if problem == "iso-power":
             bh = [r for r in rows if r["design"] == "baseline-h100" and r.get("feasible")]
             target = bh[0]["throughput_rps"] if bh else 50.0
@@ -200,8 +215,8 @@ def plot(res: pd.DataFrame, args):
             if r.get("feasible") is True or r.get("feasible") == 1.0:
                 ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['n_prompt']:g}P\n{r['n_token']:g}T",
                         ha="center", va="bottom", fontsize=6)
-        ax.set_xticks(range(len(vals)), [d.replace("splitwise-", "SW-").replace("baseline-", "B-") for d in C.ALL_DESIGNS],
-                      rotation=30, fontsize=8)
+        labels = [d.replace("splitwise-", "SW-").replace("baseline-", "B-") for d in C.ALL_DESIGNS]
+        ax.set_xticks(range(len(vals)), labels, rotation=30, fontsize=8)
         ax.set(title=f"{problem}: {col}", ylabel=unit)
     fig.suptitle(f"Figs. 18-19 (ours): {args.workload}, BLOOM-176B" + (" [SMOKE]" if C.SMOKE else ""))
     return C.savefig(fig, args.out / "fig18_19_iso.png")

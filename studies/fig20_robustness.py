@@ -52,8 +52,8 @@ def main(argv=None) -> int:
         rows.append(dict(experiment="bloom-sized on llama2-70b", design=d, model="llama2-70b",
                          n_prompt=sized_code[0], n_token=sized_code[1], throughput_at_slo=t_llama))
         print(f"{d:<16} coding-sized {sized_code[0]:g}P+{sized_code[1]:g}T on conversation {thr[0]:7.1f} req/s "
-              f"(conversation-sized {sized_conv[0]:g}P+{sized_conv[1]:g}T: {thr[1]:7.1f}); on Llama2-70B {t_llama:7.1f}",
-              flush=True)
+              f"(conversation-sized {sized_conv[0]:g}P+{sized_conv[1]:g}T: {thr[1]:7.1f}); "
+              f"on Llama2-70B {t_llama:7.1f}", flush=True)
     res = pd.DataFrame(rows)
     with np.errstate(divide="ignore", invalid="ignore"):
         res["loss_vs_reference"] = 1.0 - res["throughput_at_slo"] / res["reference_throughput_at_slo"]

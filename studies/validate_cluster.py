@@ -286,7 +286,6 @@ def plot(per_run: pd.DataFrame, path: Path) -> None:
             order = np.argsort(mids)
             ax.plot(np.asarray(mids)[order], np.asarray(meds)[order], "-", lw=2, color=colours.get(mode))
         ax.axvline(1.0, color="grey", lw=0.8, ls=":")
-        ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(f"{met.upper()}: |ours / SplitwiseSim - 1|")
         ax.set_xlabel("predicted prompt-pool load rho")
