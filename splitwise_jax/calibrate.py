@@ -4,11 +4,14 @@ Library first (fit, splits, error tables), command line at the bottom (`main`).
 
 What is fitted
 --------------
-`PhaseParams` (all positive) in log space. Every field has a *shared* value; the fields
-in `FitConfig.per_gpu_fields` also get a per-GPU log-deviation, penalised by
-`deviation_penalty * deviation**2`, so a GPU's value is shared x exp(deviation). With
-two GPUs the shared value sits between them; a GPU without an override (a new one)
-runs on the shared values and its own spec sheet, which is what split (c) measures.
+`PhaseParams`, each mapped from an unconstrained value onto its physical range (see
+`BOUNDS`: log for positive fields, a scaled logit for bounded ones). Every field has a
+*shared* value; the fields in `FitConfig.per_gpu_fields` also get a per-GPU deviation in
+that space, penalised by `deviation_penalty * deviation**2`. With two GPUs the shared
+value sits between them; a GPU without an override (a new one) runs on the shared
+values and its own spec sheet, which is what split (c) measures. Adam (optax), float64,
+in jitted chunks of steps with a tqdm bar; docs/calibration.md has the choices and the
+results.
 
 Loss: pseudo-Huber on log(predicted / measured) with scale `huber_scale` (0.05: errors
 under ~5% count quadratically, larger ones linearly, so a stray configuration pulls
@@ -361,7 +364,8 @@ def _make_loss(keys, cfg: FitConfig, dev_mask, raw_start):
             rav = jnp.log(pred.avg_frac / d.avg_frac)
             total = total + cfg.w_prompt * jnp.sum(d.w_prompt * _pseudo_huber(rp, h))
             total = total + cfg.w_token * jnp.sum(d.w_token * _pseudo_huber(rt, h))
-            total = total + cfg.w_power * jnp.sum(d.w_power * _pseudo_huber(rpk, h) + d.w_avg_power * _pseudo_huber(rav, h))
+            total = total + cfg.w_power * jnp.sum(d.w_power * _pseudo_huber(rpk, h)
+                                                  + d.w_avg_power * _pseudo_huber(rav, h))
             n = n + jnp.sum(d.w_prompt)
         data_term = total / jnp.maximum(n, 1.0) / h**2
         reg = (cfg.deviation_penalty * jnp.sum(theta.deviation**2)
@@ -537,6 +541,7 @@ def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=Non
         "gpus_fitted": [g for g, h in zip(gpus, has) if h],
         "huber_scale": config.huber_scale,
         "per_gpu_fields": list(config.per_gpu_fields),
+        "frozen_fields": list(config.frozen_fields),
     }
     return Fitted(shared_params, per_gpu, meta), history
 
@@ -792,7 +797,8 @@ def markdown_tables(predictions: pd.DataFrame) -> str:
         seeds = sorted(set(predictions.loc[predictions["split"] == split, "seed"]))
         lines += [f"### {SPLIT_LABELS[split]}", ""]
         if split == "random":
-            lines += [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)} random splits), all held-out predictions pooled.", ""]
+            lines += [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)} random splits), all held-out predictions "
+                      "pooled.", ""]
         head = ("| {} | n | prompt MAPE | prompt max | token MAPE | token max |\n"
                 "|---|---:|---:|---:|---:|---:|")
         lines.append(head.format("subset"))
@@ -901,8 +907,10 @@ def _parser():
 
 def _report_text(fitted: Fitted, summary_md: str, outliers: pd.DataFrame, power_bad: pd.DataFrame,
                  command: str) -> str:
-    shared = ", ".join(f"`{f}`" for f in FIELDS if f not in fitted.meta.get("per_gpu_fields", []))
-    per_gpu = ", ".join(f"`{f}`" for f in fitted.meta.get("per_gpu_fields", []))
+    pg, frozen = fitted.meta.get("per_gpu_fields", []), fitted.meta.get("frozen_fields", [])
+    shared = ", ".join(f"`{f}`" for f in FIELDS if f not in pg and f not in frozen)
+    per_gpu = ", ".join(f"`{f}`" for f in pg)
+    frozen_txt = ", ".join(f"`{f}`" for f in frozen) or "none"
     out_lines = "\n".join(f"- {r['model']} {r['hardware']} TP{r['tensor_parallel']} prompt {r['prompt_size']} x "
                           f"batch {r['batch_size']}: {r['reason']}" for _, r in outliers.iterrows()) or "- none"
     pow_lines = "\n".join(f"- {r['model']} {r['hardware']} TP{r['tensor_parallel']} prompt {r['prompt_size']} x "
@@ -920,7 +928,7 @@ time; no power-cap model).
 
 Parameters: shared across GPUs: {shared}.
 Per GPU (a deviation from the shared value, penalised; a GPU without an entry runs on
-the shared values): {per_gpu}.
+the shared values): {per_gpu}. Held at their starting values: {frozen_txt}.
 
 ## Outliers (reported, not fitted, not scored)
 

@@ -127,8 +127,8 @@ def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, c
     With t(f) = overlap_p(roofline_p(compute / f, memory / f^s) + comm / f, fixed / f) and
     energy above idle E(f) = (TDP - idle) (p_compute_frac compute + p_memory_frac memory
     + p_comm_frac comm_transfer) f^(d-1) (comm_transfer: the all-reduce's bandwidth part;
-    its latency steps are waiting and draw nothing above idle), solve E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is
-    unique; and because E falls when bandwidth or FLOP/s rise, the capped latency
+    its latency steps are waiting and draw nothing above idle), solve
+    E(f) / t(f) = cap - idle for log f. P(f) rises with f, so the root is unique; and because E falls when bandwidth or FLOP/s rise, the capped latency
     (= E(f)/(cap-idle) when the cap binds) never rises with them. The earlier closed
     form, which took the full-clock power times f^d, ignored that memory time barely
     stretches and let latency rise with bandwidth by up to ~5% at the floor cap.

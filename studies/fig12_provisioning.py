@@ -34,10 +34,12 @@ STUDY = "fig12_provisioning"
 PAPER_HH = (27, 3)  # Fig. 12: cheapest Splitwise-HH meeting the SLOs, coding at 70 req/s
 
 
-def grids():
+def grids(design: str):
+    """Prompt- and token-pool sizes searched (A100 prompt machines need about twice as many)."""
     if C.SMOKE:
         return np.array([20.0, 25, 30, 35, 40]), np.array([2.0, 5, 10, 20])
-    return np.arange(10.0, 61.0, 2.0), np.arange(1.0, 41.0, 1.0)
+    top = 100.0 if C.DESIGNS[design].prompt_machine == "dgx-a100" else 60.0
+    return np.round(np.linspace(10.0, top, 26)), np.arange(1.0, 41.0, 1.0)
 
 
 def main(argv=None) -> int:
@@ -49,9 +51,9 @@ def main(argv=None) -> int:
     t0 = C.banner(STUDY)
     designs = ("splitwise-hh",) if C.SMOKE else C.SPLITWISE
     wl = C.study_workload(args.workload, args.rate)
-    gp, gt = grids()
     frames, optima = [], []
     for d in designs:
+        gp, gt = grids(d)
         best, df = C.cheapest_meeting_slo(C.cluster(d), wl, d, gp, gt)
         df.insert(0, "design", d)
         frames.append(df)
@@ -97,16 +99,17 @@ def main(argv=None) -> int:
 
     paths = [C.write_csv(grid, args.out / "fig12_grid.csv"), C.write_csv(opt, args.out / "fig12_optima.csv"),
              C.write_csv(table, args.out / "fig12_paper_vs_ours.csv")]
-    paths.append(plot(grid, opt, designs, gp, gt, args))
+    paths.append(plot(grid, opt, designs, args))
     C.done(STUDY, t0, paths)
     return 0
 
 
-def plot(grid, opt, designs, gp, gt, args):
+def plot(grid, opt, designs, args):
     plt = C.pyplot()
     fig, axes = plt.subplots(len(designs), 3, figsize=(14, 3.6 * len(designs)), squeeze=False)
     for row, d in zip(axes, designs):
         df = grid[grid["design"] == d]
+        gp, gt = grids(d)
         shape = (len(gp), len(gt))
         margin = df["min_margin"].to_numpy().reshape(shape)
         feas = df["meets_slo"].to_numpy().reshape(shape)
