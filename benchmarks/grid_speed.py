@@ -126,7 +126,11 @@ def main(argv=None) -> int:
               f"{r['cpu_s']:7.3f} "
               f"{1e3 * r['run_s'] / args.n ** 2:10.3f} {med:11.2e} {mx:9.2e} {nonfinite:10.1%}")
     best = min(r["run_s"] for r in results.values())
-    print(f"goal: under 1 s per grid once compiled; fastest case {best:.2f} s: {'met' if best < 1.0 else 'NOT met'}")
+    if args.n == MAX_MACHINES:
+        print(f"goal: under 1 s per grid once compiled; fastest case {best:.2f} s: "
+              f"{'met' if best < 1.0 else 'NOT met'}")
+    else:
+        print(f"goal (under 1 s) applies to the full {MAX_MACHINES} x {MAX_MACHINES} grid, not this {args.n} x {args.n}")
     return 0
 
 

@@ -300,14 +300,19 @@ def _make_spec(cluster: Cluster, workload: Workload, problem: Problem) -> tuple[
     mask[11] = float(splitwise)
     mask[12:] = np.isfinite(budgets)
     w = {"cost": [1.0, 0.0, 0.0], "power": [0.0, 1.0, 0.0], "throughput": [0.0, 0.0, 1.0]}[problem.objective]
+    # numpy leaves: jit takes them as they are (jnp.asarray would compile a small
+    # conversion program per array on this jax version).
     spec = _Spec(
-        cluster=_anonymous(cluster), workload=_anonymous(workload), slo=jnp.asarray(problem.slo, float),
-        horizon_s=jnp.asarray(problem.horizon_s, float), free=jnp.asarray(free), u_lo=jnp.asarray(u_lo),
-        u_hi=jnp.asarray(u_hi), cap_lo=jnp.asarray([_cap_floor(cluster.prompt), _cap_floor(cluster.token)]),
-        cap_fixed=jnp.asarray([_caps_of(cluster.prompt), _caps_of(cluster.token)]),
-        rate_fixed=jnp.asarray(rate), w_obj=jnp.asarray(w), budgets=jnp.asarray(budgets), con_mask=jnp.asarray(mask))
+        cluster=_anonymous(cluster), workload=_anonymous(workload), slo=np.asarray(problem.slo, float),
+        horizon_s=np.float64(problem.horizon_s), free=free, u_lo=u_lo, u_hi=u_hi,
+        cap_lo=np.array([_cap_floor(cluster.prompt), _cap_floor(cluster.token)]),
+        cap_fixed=np.array([_caps_of(cluster.prompt), _caps_of(cluster.token)]),
+        rate_fixed=np.float64(rate), w_obj=np.asarray(w, float), budgets=budgets, con_mask=mask)
+    # Host copies of what the Python side reads: indexing the device arrays eagerly would
+    # compile a small XLA program per operation.
     info = dict(hi_p=hi_p, hi_t=hi_t, free_p=free_p, free_t=free_t, rate=rate, splitwise=splitwise,
-                cap_step=problem.cap_step)
+                cap_step=problem.cap_step, cap_lo=(_cap_floor(cluster.prompt), _cap_floor(cluster.token)),
+                cap_fixed=(_caps_of(cluster.prompt), _caps_of(cluster.token)), mask=mask, free=free)
     return spec, info
 
 
@@ -491,7 +496,7 @@ def _evaluate_points(spec: _Spec, phys: np.ndarray, resolution: Resolution, prog
         for start in range(0, n, CHUNK):
             block = phys[start:start + CHUNK]
             pad = np.concatenate([block, np.repeat(block[-1:], CHUNK - len(block), axis=0)])
-            m, g, _ = _assess_batch(jnp.asarray(pad), spec, resolution)
+            m, g, _ = _assess_batch(pad, spec, resolution)
             k = len(block)
             g_all[start:start + k] = np.asarray(g)[:k]
             cost[start:start + k] = np.asarray(m.cost_per_hour)[:k]
@@ -612,8 +617,8 @@ def _within_budget(cluster: Cluster, problem: Problem, cells: np.ndarray) -> np.
 
 def _cap_values(info, spec, free, which):
     if not free:
-        return np.array([float(spec.cap_fixed[which])])
-    return _cap_grid(float(spec.cap_lo[which]), info["cap_step"])
+        return np.array([info["cap_fixed"][which]])
+    return _cap_grid(info["cap_lo"][which], info["cap_step"])
 
 
 def _score_cells(cluster, spec, info, problem, cells, config, *, rate_lo=None, rate_hi=None, progress=False,
@@ -660,8 +665,7 @@ def _start_points(spec: _Spec, info: dict, problem: Problem, cluster: Cluster, c
     Throughput: CHUNK splits of the budget between the pools, each with its largest
     feasible rate by a coarse vectorised bisection (~3% resolution)."""
     hi_p, hi_t = info["hi_p"], info["hi_t"]
-    cp = float(spec.cap_fixed[0])
-    ct = float(spec.cap_fixed[1])
+    cp, ct = info["cap_fixed"]
     if problem.objective != "throughput":
         if info["splitwise"]:
             ps, ts = np.geomspace(1, hi_p, 8), np.geomspace(1, hi_t, 8)
@@ -676,7 +680,7 @@ def _start_points(spec: _Spec, info: dict, problem: Problem, cluster: Cluster, c
         if feas.any():
             i = int(np.argmin(np.where(feas, obj, np.inf)))
         else:
-            i = int(np.argmax(np.min(np.where(np.asarray(spec.con_mask) > 0, g, np.inf), axis=1)))
+            i = int(np.argmax(np.min(np.where(info["mask"] > 0, g, np.inf), axis=1)))
         p = phys[i]
     else:
         # Just inside the budget, so the budget constraint starts satisfied.
@@ -690,6 +694,11 @@ def _start_points(spec: _Spec, info: dict, problem: Problem, cluster: Cluster, c
             p = np.append(cells[len(cells) // 2], _RATE_BOUNDS[0])
     u0 = np.array([math.log(max(p[0], 1.0)), math.log(max(p[1], 1.0)), cp, ct, math.log(p[4])])
     return u0, n_evals
+
+
+def _softplus_np(x, temperature):
+    """Host twin of `_smooth.softplus` (multiplier updates run between compiled rounds)."""
+    return temperature * np.logaddexp(0.0, np.asarray(x) / temperature)
 
 
 def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
@@ -727,20 +736,20 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     timings["start"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    u = jnp.asarray(u0)
-    opt_state = _ADAM.init(u)
-    n_con = len(CONSTRAINT_NAMES)
-    lam = jnp.zeros(n_con)
+    # Host (numpy) state between rounds; the compiled round takes it as is.
+    u = np.asarray(u0, float)
+    opt_state = optax.ScaleByAdamState(count=np.zeros((), np.int32), mu=np.zeros_like(u), nu=np.zeros_like(u))
+    lam = np.zeros(len(CONSTRAINT_NAMES))
     rho = config.rho0
-    mask = np.asarray(spec.con_mask)
+    mask = info["mask"]
     hist_obj, hist_viol = [], []
     prev_viol = np.inf
     total = config.rounds * config.steps_per_round
     with _progress(progress, total=total, desc=f"{cluster.name}: gradient", unit="step") as bar:
         for r in range(config.rounds):
             lr = config.learning_rate * config.lr_decay**r
-            u, opt_state, _, gs, fs = _al_round(u, opt_state, lam, jnp.asarray(rho), jnp.asarray(lr),
-                                                jnp.asarray(config.temperature), spec, config.steps_per_round,
+            u, opt_state, _, gs, fs = _al_round(u, opt_state, lam, np.float64(rho), np.float64(lr),
+                                                np.float64(config.temperature), spec, config.steps_per_round,
                                                 config.resolution)
             gs = np.asarray(gs)
             viols = np.max(np.where(mask > 0, np.maximum(-gs, 0.0), 0.0), axis=1)
@@ -751,15 +760,18 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
             bar.update(config.steps_per_round)
             bar.set_postfix(obj=f"{fs[-1]:.4g}", viol=f"{viols[-1]:.3f}")
             # Multiplier update at the round's last point (PHR, smoothed), then the penalty.
-            g_last = jnp.asarray(gs[-1])
-            lam = jnp.asarray(mask) * softplus(lam - rho * g_last, config.temperature)
+            lam = mask * _softplus_np(lam - rho * gs[-1], config.temperature)
             viol = float(viols[-1])
             if viol > 0.5 * prev_viol and viol > 1e-3:
                 rho = min(rho * config.rho_growth, config.rho_max)
             prev_viol = viol
     n_evals += total
     timings["gradient"] = time.perf_counter() - t0
-    phys_c = np.asarray(_physical(spec, u))
+    u = np.asarray(u)
+    f = info["free"]
+    phys_c = np.array([math.exp(u[0]), math.exp(u[1]) if info["splitwise"] else 0.0,
+                       *(f[2:4] * u[2:4] + (1.0 - f[2:4]) * np.asarray(info["cap_fixed"])),
+                       math.exp(u[4]) if f[4] else info["rate"]])
     continuous = dict(prompt_machines=float(phys_c[0]), token_machines=float(phys_c[1]),
                       prompt_cap_frac=float(phys_c[2]), token_cap_frac=float(phys_c[3]), rate_per_s=float(phys_c[4]),
                       violated={n: float(v) for n, v, k in zip(CONSTRAINT_NAMES, gs[-1], mask) if k > 0 and v < 0})
@@ -853,7 +865,7 @@ def _binding(cluster, spec, info, problem, config, best):
             probes["token -1"] = p
         cap_steps = ((2, info["free_p"], "prompt cap"), (3, info["free_t"], "token cap"))
         for col, free, name in cap_steps:
-            if free and base[col] - problem.cap_step >= float(spec.cap_lo[col - 2]) - 1e-9:
+            if free and base[col] - problem.cap_step >= info["cap_lo"][col - 2] - 1e-9:
                 p = base.copy()
                 p[col] -= problem.cap_step
                 probes[f"{name} -{problem.cap_step:g}"] = p

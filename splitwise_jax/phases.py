@@ -179,6 +179,7 @@ class IterationBreakdown(NamedTuple):
     latency_s: jnp.ndarray
     demand_w: jnp.ndarray
     power_w: jnp.ndarray
+    comm_transfer_s: jnp.ndarray  # the bandwidth part of comm_s (draws power)
 
 
 def gemm_efficiency(params: PhaseParams, new_tokens):
@@ -250,7 +251,7 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
               + (gpu.tdp_w - gpu.idle_w) * params.p_comm_frac * comm_transfer / full_clock)
     clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, comm_transfer, cap_frac)
     power = _power.capped_power_w(gpu, demand, cap_frac)
-    return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power)
+    return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power, comm_transfer)
 
 
 def prompt_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_size, batch_size=1.0, *,
