@@ -1221,7 +1221,7 @@ def _plot(path, res: OptimizeResult, cluster: Cluster, workload: Workload, probl
         ax.set_ylabel(what)
     ax.set_title(f"{_label(res.design)}: {problem.objective}-optimal at {b.rate_per_s:.1f} req/s "
                  f"(grey: an SLO, memory or stability limit fails)", fontsize=9)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
