@@ -1164,7 +1164,9 @@ def _print_compare(results: dict, clusters: dict, problem: Problem, ref: str, ti
     for d, r in results.items():
         sw = clusters[d].kind == "splitwise"
         if not r.feasible:
-            print(f"  {d:<16} {'infeasible':>15}")
+            why = ", ".join(f"{n} {np.expm1(v):+.0%}" for n, v in r.continuous["violated"].items())
+            print(f"  {d:<16} {'infeasible':>15}  (up to {r.bounds[0]} machines per pool; at the continuous optimum: "
+                  f"{why or 'no single constraint'})")
             continue
         b = r.best
         pools = f"{b.prompt_machines}+{b.token_machines}" if sw else f"{b.prompt_machines}"
