@@ -17,6 +17,7 @@ profile table ("splitwise-sim-table", read from the shared profile file). The
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -124,3 +125,23 @@ def make_cluster(design: str, n_prompt: float, n_token: float = 0.0, *, model: s
     return Cluster(prompt=prompt, token=token, alone=alone, n_prompt=float(n_prompt),
                    n_token=float(n_token) if spec.kind == "splitwise" else 0.0, transfer=transfer,
                    scheduling=scheduling, kind=spec.kind, name=design)
+
+
+def uniform_names(tree, label: str = "_"):
+    """The same pytree with every static ``name`` field set to `label`, recursively.
+
+    Names are static pytree metadata used only in messages (checked on concrete inputs
+    before tracing), but each distinct name is a distinct treedef and hence a fresh
+    compile; with uniform names every design of one kind (HH, AA, HA, HHcap) runs
+    through one compiled program.
+    """
+    if not dataclasses.is_dataclass(tree) or isinstance(tree, type):
+        return tree
+    changes = {}
+    for f in dataclasses.fields(tree):
+        value = getattr(tree, f.name)
+        if f.name == "name" and f.metadata.get("static"):
+            changes[f.name] = label
+        elif dataclasses.is_dataclass(value):
+            changes[f.name] = uniform_names(value, label)
+    return dataclasses.replace(tree, **changes)

@@ -61,6 +61,7 @@ from splitwise_jax import catalog
 from splitwise_jax._smooth import softplus
 from splitwise_jax._validate import check_choice, check_int, check_positive
 from splitwise_jax.cluster import PAPER_SLO, Cluster, ClusterMetrics, Resolution, evaluate
+from splitwise_jax.designs import uniform_names
 from splitwise_jax.timing import CalibratedTiming
 from splitwise_jax.workload import Workload
 
@@ -213,24 +214,6 @@ class _Spec:
     con_mask: jax.Array     # (14,) constraints in force
 
 
-def _anonymous(tree):
-    """Replace static `name` labels by one placeholder, recursively.
-
-    Names are static pytree metadata, so two designs that differ only in their machines'
-    names (HH vs AA) would otherwise compile separately; the model reads them only in
-    error messages (checked on concrete inputs, before this runs)."""
-    if not dataclasses.is_dataclass(tree) or isinstance(tree, type):
-        return tree
-    changes = {}
-    for f in dataclasses.fields(tree):
-        v = getattr(tree, f.name)
-        if f.name == "name" and f.metadata.get("static"):
-            changes[f.name] = "_"
-        elif dataclasses.is_dataclass(v):
-            changes[f.name] = _anonymous(v)
-    return dataclasses.replace(tree, **changes)
-
-
 def _caps_of(timing) -> float:
     return float(np.asarray(timing.cap_frac))
 
@@ -303,7 +286,7 @@ def _make_spec(cluster: Cluster, workload: Workload, problem: Problem) -> tuple[
     # numpy leaves: jit takes them as they are (jnp.asarray would compile a small
     # conversion program per array on this jax version).
     spec = _Spec(
-        cluster=_anonymous(cluster), workload=_anonymous(workload), slo=np.asarray(problem.slo, float),
+        cluster=uniform_names(cluster), workload=uniform_names(workload), slo=np.asarray(problem.slo, float),
         horizon_s=np.float64(problem.horizon_s), free=free, u_lo=u_lo, u_hi=u_hi,
         cap_lo=np.array([_cap_floor(cluster.prompt), _cap_floor(cluster.token)]),
         cap_fixed=np.array([_caps_of(cluster.prompt), _caps_of(cluster.token)]),

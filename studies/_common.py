@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from splitwise_jax.cluster import Cluster, Resolution, evaluate  # noqa: E402
-from splitwise_jax.designs import DESIGNS, make_cluster  # noqa: E402
+from splitwise_jax.designs import DESIGNS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.workload import Workload, coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
@@ -214,25 +214,6 @@ def _pad(wl: Workload, k: int, m: int) -> Workload:
     o = jnp.concatenate([wl.output_tokens, jnp.full(m - m0, wl.output_tokens[-1])])
     w = jnp.pad(wl.weights, ((0, k - k0), (0, m - m0)))
     return dataclasses.replace(wl, prompt_tokens=p, output_tokens=o, weights=w, name="study")
-
-
-def uniform_names(obj):
-    """The same pytree with every static ``name`` set to one value.
-
-    Names are static metadata used only in messages, but each distinct name is a
-    distinct treedef and hence a fresh compile; with uniform names every design of one
-    kind (and both workloads) runs through one compiled program.
-    """
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return obj
-    changes = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if f.name == "name" and f.metadata.get("static"):
-            changes[f.name] = "study"
-        elif dataclasses.is_dataclass(value):
-            changes[f.name] = uniform_names(value)
-    return dataclasses.replace(obj, **changes)
 
 
 def cluster(design: str, n_prompt: float = 1.0, n_token: float = 1.0, **kw) -> Cluster:

@@ -49,7 +49,7 @@ import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import validation_dir  # noqa: E402
 from splitwise_jax.cluster import evaluate  # noqa: E402
-from splitwise_jax.designs import DESIGNS, PHASE_MODELS, make_cluster  # noqa: E402
+from splitwise_jax.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.workload import Workload, workload  # noqa: E402
 
 METRICS = ("ttft", "tbt", "e2e")
@@ -114,25 +114,6 @@ def cluster_of_run(row, phase_model: str):
                         phase_model=phase_model)
 
 
-def _uniform_names(obj):
-    """The same pytree with every static ``name`` set to one value.
-
-    Machine, GPU and design names are static pytree metadata used only in messages, but
-    they make each design a distinct treedef (a fresh compile); uniform names let all
-    designs of one kind share one compiled, vmapped `evaluate`.
-    """
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return obj
-    changes = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if f.name == "name" and f.metadata.get("static"):
-            changes[f.name] = "validation"
-        elif dataclasses.is_dataclass(value):
-            changes[f.name] = _uniform_names(value)
-    return dataclasses.replace(obj, **changes)
-
-
 def pad_workload(wl: Workload, n_prompt: int, n_output: int) -> Workload:
     """The same workload on a larger class grid: extra classes repeat the largest size
     with zero weight, so every percentile is unchanged (checked in tests/test_cluster.py)."""
@@ -175,7 +156,7 @@ def predict(runs: pd.DataFrame, phase_model: str, *, chunk: int = CHUNK, progres
         for start in range(0, len(idx), chunk):
             part = idx[start:start + chunk]
             rows = [runs.iloc[i] for i in part]
-            clusters = [_uniform_names(cluster_of_run(r, phase_model)) for r in rows]
+            clusters = [uniform_names(cluster_of_run(r, phase_model)) for r in rows]
             wls = [bases[WORKLOADS[r["workload"]]].with_rate(float(r["rate"])) for r in rows]
             fill = chunk - len(part)
             t0 = time.perf_counter()
