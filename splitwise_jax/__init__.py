@@ -43,3 +43,35 @@ from splitwise_jax.workload import load_trace as load_trace
 from splitwise_jax.workload import workload as load_workload  # noqa: E402
 
 __version__ = "0.1.0"
+
+
+# --------------------------------------------------------------------------------------
+# Public functions that share their name with a command-line module.
+#
+# `splitwise_jax.evaluate` is both the model function (`sj.evaluate`, the quick start)
+# and the module behind `python -m splitwise_jax.evaluate`. After importing a submodule,
+# the import system binds it on its parent (`setattr(package, "evaluate", module)`),
+# which would silently replace the function for every later `sj.evaluate(...)` in the
+# program. The package's module class refuses that one rebinding: a name in
+# `_PROTECTED` keeps its function when a same-named submodule is imported. The submodule
+# itself stays importable (`from splitwise_jax.evaluate import main` and
+# `python -m splitwise_jax.evaluate` read it from `sys.modules`).
+
+import sys as _sys  # noqa: E402
+import types as _types  # noqa: E402
+
+#: Public API functions that a same-named submodule (a CLI) must not replace.
+_PROTECTED = frozenset({"evaluate", "simulate"})
+
+
+class _Package(_types.ModuleType):
+    """The package's module type: keeps `_PROTECTED` functions bound on import."""
+
+    def __setattr__(self, name, value):
+        if (name in _PROTECTED and isinstance(value, _types.ModuleType)
+                and callable(self.__dict__.get(name)) and not isinstance(self.__dict__.get(name), _types.ModuleType)):
+            return  # the import system binding the CLI submodule: keep the function
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

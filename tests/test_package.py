@@ -1,0 +1,76 @@
+"""The package's public surface: `sj.evaluate` stays the model function when the
+same-named command-line module is imported, and the CLI modules still run with -m.
+
+Each check runs in a fresh interpreter: the defect only shows when the CLI module is
+imported for the first time after the package, which pytest's own imports would hide.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_importing_the_cli_module_keeps_the_evaluate_function():
+    proc = _run("""
+        import types
+        import splitwise_jax as sj
+        before = sj.evaluate
+        import splitwise_jax.evaluate  # the CLI module of the same name
+        assert sj.evaluate is before, type(sj.evaluate)
+        assert callable(sj.evaluate) and isinstance(sj.evaluate, types.FunctionType)
+        assert not isinstance(sj.evaluate, types.ModuleType)
+        # The CLI module is still importable by its name.
+        from splitwise_jax.evaluate import main
+        import sys
+        assert sys.modules["splitwise_jax.evaluate"].main is main
+        print("ok")
+    """)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+def test_cli_imported_first_keeps_the_function_too():
+    """`import splitwise_jax.evaluate` as the very first import (the package's
+    __init__ runs inside it)."""
+    proc = _run("""
+        import types
+        import splitwise_jax.evaluate
+        import splitwise_jax as sj
+        assert isinstance(sj.evaluate, types.FunctionType), type(sj.evaluate)
+        print("ok")
+    """)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+def test_other_attributes_are_still_settable():
+    """Only protected names holding a function refuse a module; everything else binds."""
+    import types
+
+    import splitwise_jax as sj
+
+    sentinel = types.ModuleType("x")
+    sj._test_attribute = sentinel
+    try:
+        assert sj._test_attribute is sentinel
+    finally:
+        del sj._test_attribute
+
+
+@pytest.mark.parametrize("module", ["evaluate", "optimize", "calibrate", "predict"])
+def test_cli_modules_run_with_dash_m(module):
+    proc = subprocess.run([sys.executable, "-m", f"splitwise_jax.{module}", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"python -m splitwise_jax.{module}" in proc.stdout
+    assert "Traceback" not in proc.stderr
