@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -99,3 +101,24 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
             fits(LLAMA, DGX_H100, tp=bad)
     with pytest.raises(ValueError, match=r"tp must be an integer >= 1"):
         weights_bytes_per_gpu(LLAMA, 0)
+
+
+_PINS = json.loads((Path(__file__).parent / "fixtures" / "dense_pins.json").read_text())
+
+
+def test_dense_paper_models_memory_is_bit_identical_to_before():
+    """Weights per GPU, KV capacity, max batch and KV bytes per token of BLOOM-176B and
+    Llama2-70B are exactly (float.hex) those pinned before issue 13 added precisions,
+    MoE and MLA (tests/fixtures/make_dense_pins.py)."""
+    for pin in _PINS["memory"]:
+        machine, llm, tp = get_machine(pin["machine"]), get_llm(pin["llm"]), pin["tp"]
+        assert float(weights_bytes_per_gpu(llm, tp)).hex() == pin["weights_bytes_per_gpu"]
+        assert float(kv_capacity_tokens(llm, machine, tp)).hex() == pin["kv_capacity_tokens"]
+        assert float(kv_capacity_tokens(llm, machine, tp, reserve_frac=0.1)).hex() == pin["kv_capacity_tokens_reserve"]
+        assert float(max_batch(llm, machine, 2048.0, tp)).hex() == pin["max_batch_2048"]
+        assert fits(llm, machine, tp) == pin["fits"]
+    for name, kv in _PINS["kv"].items():
+        llm = get_llm(name)
+        assert float(kv_bytes_per_token(llm)).hex() == kv["gqa"]
+        assert float(kv_bytes_per_token(llm, ignore_gqa=True)).hex() == kv["ignore_gqa"]
+        assert float(llm.weight_bytes).hex() == kv["weight_bytes"]

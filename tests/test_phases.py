@@ -19,7 +19,9 @@ fixed length (one compile per machine and model).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -472,3 +474,30 @@ def test_tp_outside_the_machine_is_rejected():
             prompt_latency_s(params, machine, llm, 512.0, tp=bad)
     # fewer GPUs than the machine holds: slower (less aggregate FLOP/s and bandwidth)
     assert float(prompt_latency_s(params, machine, llm, 512.0, tp=4)) > float(prompt_latency_s(params, machine, llm, 512.0))
+
+
+# ---- dense paper models: bit-identical to before issue 13 ----------------------------------
+
+_PINS = json.loads((Path(__file__).parent / "fixtures" / "dense_pins.json").read_text())
+_PIN_BATCHES = {
+    "prompt_512x1": lambda: Batch.prompts(512.0, 1.0),
+    "prompt_2048x4": lambda: Batch.prompts(2048.0, 4.0),
+    "prompt_8192x1": lambda: Batch.prompts(8192.0, 1.0),
+    "decode_1x1024": lambda: Batch.decode(1.0, 1024.0),
+    "decode_32x2048": lambda: Batch.decode(32.0, 2048.0),
+    "mixed_1024p+16d": lambda: Batch.prompts(1024.0, 1.0) + Batch.decode(16.0, 1500.0),
+}
+
+
+def test_dense_paper_models_are_bit_identical_to_the_calibrated_model():
+    """BLOOM-176B and Llama2-70B on DGX-A100/H100 give exactly (float64, eager) the
+    latency, power and time components pinned before MoE, precisions and MLA were added
+    (tests/fixtures/make_dense_pins.py): the shipped calibration was fitted to them.
+    Tolerance: none (bit equality via float.hex)."""
+    for pin in _PINS["iterations"]:
+        machine = catalog.get_machine(pin["machine"])
+        r = iteration(default_params(machine.gpu.name), machine, catalog.get_llm(pin["llm"]),
+                      _PIN_BATCHES[pin["batch"]](), tp=pin["tp"], cap_frac=pin["cap_frac"])
+        got = {k: float(getattr(r, k)).hex() for k in r._fields}
+        want = {k: pin[k] for k in r._fields}
+        assert got == want, pin
