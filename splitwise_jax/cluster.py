@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.scipy.stats import norm
 
 from splitwise_jax import kv_transfer, memory, power
+from splitwise_jax.batch import Batch
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.pool import _MEMORY_P, PoolState, pool_state, pool_state_at
 from splitwise_jax.quantiles import mixture_quantiles
@@ -198,8 +199,9 @@ def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):
     decoding = 1.0 - jnp.exp(-st.batch)
     gpu = timing.machine.gpu
     b = jnp.maximum(st.batch, 1.0)
-    p_prompt, p_decode = timing.power_w(jnp.stack([mean_p, 0.0]), jnp.stack([mean_p2, 0.0]), jnp.array([1.0, 0.0]),
-                                        jnp.stack([0.0, b]), jnp.stack([0.0, b * ctx]))
+    p_prompt, p_decode = timing.power_w(Batch(prompt_tokens=jnp.stack([mean_p, 0.0]), prompt_seqs=jnp.array([1.0, 0.0]),
+                                              prompt_sq_tokens=jnp.stack([mean_p2, 0.0]), decode_seqs=jnp.stack([0.0, b]),
+                                              decode_ctx_tokens=jnp.stack([0.0, b * ctx])))
     per_gpu = busy * p_prompt + (1.0 - busy) * (decoding * p_decode + (1.0 - decoding) * gpu.idle_w)
     return n * power.machine_power_w(timing.machine, per_gpu)
 
@@ -297,7 +299,7 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
     else:
         n_t = jnp.asarray(cluster.n_token, float)
         cap_T = _batch_cap(T, cluster, ctx)
-        e_s0 = jnp.dot(wp, P.prompt_s(p, p_sq))
+        e_s0 = jnp.dot(wp, P.iteration_s(Batch.prompts(p)))
         rho0 = lam * e_s0 / jnp.maximum(n_p, 1e-6)
         x = softplus(rho0 - sched.draft_threshold, sched.draft_temperature) / jnp.maximum(rho0, 1e-9)
         x = smooth_min_one(x, 0.01) * (n_t / (n_t + 1e-3))

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
+from splitwise_jax.batch import Batch
 
 _NEWTON_ITERS = 12
 # p-norm sharpness of min(B, B_max): KV memory is a hard limit. p = 32 moves B by 0.04%
@@ -64,13 +65,13 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx):
     ride = batch / jnp.maximum(1.0 - none, 1e-9)  # mean batch given at least one decoder
     b_dec = jnp.maximum(batch, 1.0)
     zeros, ones = jnp.zeros(k), jnp.ones(k)
-    t = timing.iteration_s(
-        jnp.concatenate([p_tok, p_tok, jnp.zeros(1)]),
-        jnp.concatenate([p_sq, p_sq, jnp.zeros(1)]),
-        jnp.concatenate([ones, ones, jnp.zeros(1)]),
-        jnp.concatenate([zeros, ride * ones, b_dec[None]]),
-        jnp.concatenate([zeros, ride * ctx * ones, (b_dec * ctx)[None]]),
-    )
+    t = timing.iteration_s(Batch(
+        prompt_tokens=jnp.concatenate([p_tok, p_tok, jnp.zeros(1)]),
+        prompt_seqs=jnp.concatenate([ones, ones, jnp.zeros(1)]),
+        prompt_sq_tokens=jnp.concatenate([p_sq, p_sq, jnp.zeros(1)]),
+        decode_seqs=jnp.concatenate([zeros, ride * ones, b_dec[None]]),
+        decode_ctx_tokens=jnp.concatenate([zeros, ride * ctx * ones, (b_dec * ctx)[None]]),
+    ))
     alone, mixed, t_d = t[:k], t[k:2 * k], t[2 * k]
     return none * alone + (1.0 - none) * mixed, t_d
 

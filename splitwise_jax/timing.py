@@ -1,20 +1,24 @@
-"""Phase-timing strategies used by the cluster model.
+"""Phase-timing strategies used by the cluster model (and the request-level simulator).
 
-The cluster model asks one question of a machine type: how long does an iteration take
-with this many prompt tokens and decoding sequences? Two answers:
+The cluster model asks one question of a machine type: how long does an iteration with
+this composition (a `Batch`) take, and at what power? `PhaseTiming` is that interface;
+two strategies implement it:
 
 * `CalibratedTiming`: the smooth physical phase model (phases.py) with calibrated
-  parameters, a power cap and any GPU spec — the default, and the one to differentiate.
+  parameters, a power cap and any GPU spec: the default, and the one to differentiate.
 * `SimTableTiming`: SplitwiseSim's own piecewise-linear table from the profile file,
   so the queueing model's error can be measured apart from the phase model's.
 
 Both are pytrees; the choice between them is static (Python class), so each jits once.
+All `Batch` fields broadcast, so one call times many iterations (one inlined phase
+model per call site keeps compile times down).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
+from typing import Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +30,38 @@ from splitwise_jax.llm import LLM
 from splitwise_jax.params import PhaseParams
 
 _STATIC = dict(static=True)
+
+
+@runtime_checkable
+class PhaseTiming(Protocol):
+    """What the cluster model and the simulator need from a machine type.
+
+    Attributes:
+        machine: the machine (GPUs, interconnect, cost, power units).
+        llm: the model served.
+        cap_frac: power cap as a fraction of TDP.
+    """
+
+    machine: Machine
+    llm: LLM
+    cap_frac: jax.Array | float
+
+    def iteration_s(self, batch: Batch) -> jax.Array:
+        """Latency (s) of iterations of the given composition (fields broadcast)."""
+
+    def power_w(self, batch: Batch) -> jax.Array:
+        """Per-GPU power (W) while running those iterations."""
+
+    def alone_s(self, prompt_tokens, prompt_sq_tokens) -> tuple[jax.Array, jax.Array]:
+        """(TTFT, TBT) of each request running alone: the slowdown reference."""
+
+
+def _alone_batch(prompt_tokens, prompt_sq_tokens) -> Batch:
+    """K prompt-only iterations followed by K single-request decode iterations."""
+    z, one = jnp.zeros_like(prompt_tokens), jnp.ones_like(prompt_tokens)
+    return Batch(prompt_tokens=jnp.concatenate([prompt_tokens, z]), prompt_seqs=jnp.concatenate([one, z]),
+                 prompt_sq_tokens=jnp.concatenate([prompt_sq_tokens, z]), decode_seqs=jnp.concatenate([z, one]),
+                 decode_ctx_tokens=jnp.concatenate([z, prompt_tokens]))
 
 
 @jax.tree_util.register_dataclass
@@ -42,42 +78,18 @@ class CalibratedTiming:
     def _it(self, batch: Batch):
         return phases.iteration(self.params, self.machine, self.llm, batch, tp=self.tp, cap_frac=self.cap_frac)
 
-    def iteration_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs, decode_seqs, decode_ctx_tokens):
-        """Any iteration (arrays broadcast): one phase-model call for many batches."""
-        return self._it(Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens, decode_seqs, decode_ctx_tokens)).latency_s
-
-    def prompt_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs=1.0):
-        return self._it(Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens)).latency_s
-
-    def decode_s(self, batch_size, context_tokens):
-        return self._it(Batch.decode(batch_size, context_tokens)).latency_s
-
-    def mixed_s(self, prompt_tokens, prompt_sq_tokens, batch_size, context_tokens):
-        b = jnp.asarray(batch_size, dtype=float)
-        batch = Batch(prompt_tokens, 1.0, prompt_sq_tokens, b, b * context_tokens)
+    def iteration_s(self, batch: Batch) -> jax.Array:
         return self._it(batch).latency_s
 
-    def alone_tbt_s(self, prompt_tokens):
-        """A request's own decode iteration time when running alone."""
-        return self.decode_s(1.0, prompt_tokens)
+    def power_w(self, batch: Batch) -> jax.Array:
+        return self._it(batch).power_w
 
     def alone_s(self, prompt_tokens, prompt_sq_tokens):
-        """(TTFT, TBT) of each request running alone, from one phase-model call."""
+        """(TTFT, TBT) of each request alone, from one phase-model call; the decode
+        iteration reads the request's own prompt as context."""
         k = prompt_tokens.shape[0]
-        z, one = jnp.zeros(k), jnp.ones(k)
-        t = self.iteration_s(jnp.concatenate([prompt_tokens, z]), jnp.concatenate([prompt_sq_tokens, z]),
-                             jnp.concatenate([one, z]), jnp.concatenate([z, one]), jnp.concatenate([z, prompt_tokens]))
+        t = self.iteration_s(_alone_batch(prompt_tokens, prompt_sq_tokens))
         return t[:k], t[k:]
-
-    def power_w(self, prompt_tokens, prompt_sq_tokens, prompt_seqs, decode_seqs, decode_ctx_tokens):
-        """Per-GPU power of iterations (arrays broadcast)."""
-        return self._it(Batch(prompt_tokens, prompt_seqs, prompt_sq_tokens, decode_seqs, decode_ctx_tokens)).power_w
-
-    def prompt_power_w(self, prompt_tokens, prompt_sq_tokens):
-        return self._it(Batch(prompt_tokens, 1.0, prompt_sq_tokens)).power_w
-
-    def decode_power_w(self, batch_size, context_tokens):
-        return self._it(Batch.decode(batch_size, context_tokens)).power_w
 
 
 @jax.tree_util.register_dataclass
@@ -92,34 +104,16 @@ class SimTableTiming:
     table: sim_table.SimTable
     power_model: CalibratedTiming
 
-    def iteration_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs, decode_seqs, decode_ctx_tokens):
+    def iteration_s(self, batch: Batch) -> jax.Array:
         """Any iteration, dispatched on its contents as SplitwiseSim does."""
-        return sim_table.iteration_time_s(self.table, prompt_tokens, decode_seqs)
+        return sim_table.iteration_time_s(self.table, batch.prompt_tokens, batch.decode_seqs)
 
-    def prompt_s(self, prompt_tokens, prompt_sq_tokens, prompt_seqs=1.0):
-        return sim_table.prompt_time_s(self.table, prompt_tokens)
-
-    def decode_s(self, batch_size, context_tokens):
-        return sim_table.token_time_s(self.table, batch_size)
-
-    def mixed_s(self, prompt_tokens, prompt_sq_tokens, batch_size, context_tokens):
-        return sim_table.mixed_time_s(self.table, prompt_tokens, batch_size)
-
-    def alone_tbt_s(self, prompt_tokens):
-        # SplitwiseSim's notebook evaluates the token curve at x = the prompt size.
-        return sim_table.token_time_s(self.table, prompt_tokens)
+    def power_w(self, batch: Batch) -> jax.Array:
+        return self.power_model.power_w(batch)
 
     def alone_s(self, prompt_tokens, prompt_sq_tokens):
-        return sim_table.prompt_time_s(self.table, prompt_tokens), self.alone_tbt_s(prompt_tokens)
-
-    def power_w(self, *batch):
-        return self.power_model.power_w(*batch)
-
-    def prompt_power_w(self, prompt_tokens, prompt_sq_tokens):
-        return self.power_model.prompt_power_w(prompt_tokens, prompt_sq_tokens)
-
-    def decode_power_w(self, batch_size, context_tokens):
-        return self.power_model.decode_power_w(batch_size, context_tokens)
+        # SplitwiseSim's notebook evaluates the token curve at x = the prompt size.
+        return sim_table.prompt_time_s(self.table, prompt_tokens), sim_table.token_time_s(self.table, prompt_tokens)
 
     @property
     def machine(self) -> Machine:
