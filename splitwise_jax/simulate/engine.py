@@ -1,0 +1,840 @@
+"""The event loop: machines, their batches, the scheduler and the KV transfers.
+
+One `heapq` of timed events (an iteration block ends, a KV transfer ends, a transfer
+retries) merged with the trace's pre-sorted arrivals. Why plain `heapq` and not SimPy:
+SimPy resumes a generator per process step and wraps every timeout in an event object,
+several times the cost of a heap push/pop of a tuple; the speed goal (>= 20x the
+reference simulator) leaves a few microseconds per event. Per-event Python work is kept
+to what the policies need: no per-iteration events for decode-only batches (a batch that
+does not change runs as one block of k iterations, as in SplitwiseSim, and is cut short
+at the next iteration boundary when a task arrives), lists of plain objects with
+``__slots__``, the timing read from lists (`timing.FastTiming`).
+
+The machine and scheduler logic reproduces SplitwiseSim (commit 8f99e7d; instance.py
+`SplitwiseInstance`, scheduler.py `TokenJSQScheduler` / `MixedPoolScheduler`,
+interconnect.py `DummyLink`), rewritten from its documented behaviour:
+
+Machine (continuous batching, prompts first). Tasks wait in a pending queue ordered by
+(preemptions when queued, request arrival). A new batch is chosen at each block end (or
+when an arrival cuts a decode block short) in this order, subject to at most
+`max_batch_size` tasks, `max_batch_tokens` tokens (a prompt counts its size, a decode
+one; the first task always fits) and one task per request: tasks preempted at least
+`max_preemptions` times; waiting prompts (in arrival order, while their KV cache fits);
+preempted decodes; the decodes of the last batch; then other waiting tasks by request
+arrival (while their KV fits). Decodes of the last batch left out are preempted (they
+keep their memory). Every request whose first waiting task was passed over gains a
+preemption count. A batch with a prompt runs one iteration; a decode-only batch runs
+until its first request finishes. An arriving task cuts a decode block at the next
+iteration boundary if it fits the batch limits, or if it is a prompt that fits next to
+the batch's prompts (it will preempt decodes).
+
+Memory. A machine holds its weights plus each running request's KV cache: the prompt's
+(prompt + 1 tokens) from its start, the decode's (output - 1 tokens) from its start,
+all of it released when the request finishes (on the prompt machine, when the transfer
+ends). A task starts only if its cache fits.
+
+Schedulers. `token_jsq` (baselines): the machine with the fewest scheduled tokens
+(prompt + 1 per request, released as phases end) runs both phases. `mixed_pool`
+(Splitwise): see `_route_mixed_pool`.
+
+KV transfer. When a prompt ends on another machine than the request's decode, the
+cache (prompt tokens x KV bytes per token) moves over its own link (the reference's
+per-request `DummyLink`, so transfers do not contend): set-up + bytes / bandwidth
+("serialized"), or with "layerwise" only the last layer's share plus any excess of the
+transfer over the prompt's compute (the same law as `kv_transfer.layerwise_transfer_s`
+without its smoothing). A transfer starts only when the destination can hold the cache;
+otherwise it retries every `flow_retry_s`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from splitwise_jax.simulate import timing as _timing
+from splitwise_jax.simulate.policies import SPLITWISESIM_WEIGHTS_BYTES, SimConfig
+from splitwise_jax.simulate.trace import RequestTrace
+
+__all__ = ["Machine", "RawResult", "run"]
+
+_QUEUED, _RUNNING, _BLOCKED, _DONE = 1, 2, 3, 4
+_EV_ITER, _EV_FLOW, _EV_RETRY = 0, 1, 2
+_INF = float("inf")
+
+
+class _Task:
+    __slots__ = ("r", "is_prompt", "size", "tpi", "mem", "state", "npre", "gen", "sel", "pq", "done")
+
+    def __init__(self, r: int, is_prompt: bool, size: int, mem: float):
+        self.r = r
+        self.is_prompt = is_prompt
+        self.size = size            # prompt tokens, or decode tokens to generate (output - 1)
+        self.tpi = size if is_prompt else 1   # tokens per iteration
+        self.mem = mem              # KV bytes this task allocates when it starts
+        self.state = 0
+        self.npre = 0               # times passed over while waiting (SplitwiseSim's preemptions)
+        self.gen = 0                # decode tokens generated so far
+        self.sel = -1               # batch-selection stamp
+        self.pq = None              # its pending-queue entry
+        self.done = 0               # prompt tokens processed (chunked prefill)
+
+
+class Machine:
+    """One model instance (a DGX machine running the LLM at tensor parallel = all GPUs)."""
+
+    __slots__ = ("idx", "name", "pool", "tag", "ft", "max_mem", "mem", "smem", "spt", "pq", "ppq", "blocked",
+                 "batch", "n_prompt_b", "btok", "preq", "t0", "dt", "k", "start", "pause", "ver", "mixed",
+                 "bP", "bn", "bS", "bB", "bC", "weights", "mem_t", "mem_area", "decodes", "prompts_run",
+                 "decodes_run", "chunks")
+
+    def __init__(self, idx: int, name: str, pool: str, ft, max_mem: float, weights: float):
+        self.idx = idx
+        self.name = name
+        self.pool = pool            # "prompt" or "token" (the pool it starts in; baselines: "prompt")
+        self.ft = ft
+        self.max_mem = max_mem
+        self.weights = weights
+        self.mem = weights          # bytes allocated
+        self.smem = weights         # bytes the scheduler has promised
+        self.spt = 0                # scheduled pending tokens
+        self.pq: list = []          # pending queue: (npre when queued, arrival, seq, task)
+        self.ppq: dict = {}         # pending prompts, insertion order
+        self.blocked: dict = {}     # preempted decodes, insertion order
+        self.batch: list = []
+        self.n_prompt_b = 0
+        self.btok = 0
+        self.preq: list = []        # requests with a task here, by arrival
+        self.t0 = 0.0
+        self.dt = 0.0
+        self.k = 0
+        self.start = 0.0
+        self.pause = False
+        self.ver = 0
+        self.mixed = False          # drafted into the mixed pool
+        self.bP = self.bn = self.bB = 0
+        self.bS = self.bC = 0.0
+        self.mem_t = 0.0            # for the time integral of KV memory
+        self.mem_area = 0.0
+        self.decodes: list = []     # chunked prefill: running decodes
+        self.prompts_run = 0
+        self.decodes_run = 0
+        self.chunks: list = []      # chunked prefill: (prompt task, tokens) of the running iteration
+
+
+class RawResult(NamedTuple):
+    """What a run produced (plain arrays; `report.py` turns them into metrics).
+
+    Per request (index = trace row): times in seconds, machine indices (-1: none).
+    `blocks`: one row per executed batch: machine, start, end, iterations, prompt
+    tokens, prompts, sum of squared prompt lengths, decodes, decode context at the first
+    iteration. `machines`: the machines in index order.
+    """
+
+    prompt_start: np.ndarray
+    prompt_end: np.ndarray
+    kv_start: np.ndarray
+    kv_end: np.ndarray
+    token_start: np.ndarray
+    token_end: np.ndarray
+    prompt_machine: np.ndarray
+    token_machine: np.ndarray
+    blocks: np.ndarray
+    machines: list
+    kv_area: np.ndarray            # per machine: integral of KV bytes over time (byte-seconds)
+    kv_capacity: np.ndarray        # per machine: bytes available to the KV cache
+    flow_retries: int
+    end_s: float
+
+
+class _Sim:
+    def __init__(self, cluster, trace: RequestTrace, cfg: SimConfig, fast: dict):
+        self.cfg = cfg
+        self.cluster = cluster
+        self.kind = cluster.kind
+        llm = cluster.prompt.llm
+        tr = cluster.transfer
+        self.kv_tok = float(llm.kv_bytes_per_token(bool(tr.ignore_gqa)))
+        ref = cfg.reference_memory if cfg.reference_memory is not None else bool(tr.ignore_gqa)
+        if ref and llm.name in SPLITWISESIM_WEIGHTS_BYTES:
+            weights = SPLITWISESIM_WEIGHTS_BYTES[llm.name]
+        else:
+            weights = float(llm.weight_bytes)
+        reserve = float(cluster.scheduling.memory_reserve_frac)
+        self.bw = float(tr.bandwidth_bytes_per_s)
+        self.setup = float(tr.setup_s)
+        self.layerwise = tr.mode == "layerwise"
+        self.n_layers = int(llm.n_layers)
+        self.chunk = cfg.chunked_prefill_tokens
+        self.scheduler = cfg.scheduler or ("token_jsq" if cluster.kind == "baseline" else "mixed_pool")
+        if self.chunk is not None and self.scheduler != "token_jsq":
+            raise ValueError("chunked prefill (SimConfig.chunked_prefill_tokens) runs on colocated designs "
+                             f"(scheduler 'token_jsq'); this cluster is {cluster.kind!r} with scheduler "
+                             f"{self.scheduler!r}")
+
+        def capacity(timing):
+            m = timing.machine
+            return float(m.gpus_per_machine) * float(m.gpu.hbm_bytes) * (1.0 - reserve)
+
+        machines = []
+        n_p = _whole("n_prompt", cluster.n_prompt)
+        hw_p = _hw_name(cluster.prompt)
+        for i in range(n_p):
+            machines.append(Machine(len(machines), f"{hw_p}_{i}", "prompt", fast["prompt"],
+                                    capacity(cluster.prompt), weights))
+        if cluster.kind != "baseline":
+            n_t = _whole("n_token", cluster.n_token)
+            hw_t = _hw_name(cluster.token)
+            offset = n_p if hw_t == hw_p else 0
+            for i in range(n_t):
+                machines.append(Machine(len(machines), f"{hw_t}_{offset + i}", "token", fast["token"],
+                                        capacity(cluster.token), weights))
+        self.machines = machines
+        self.prompt_pool = [m for m in machines if m.pool == "prompt"]
+        self.token_pool = [m for m in machines if m.pool == "token"]
+        self.mixed_pool: list = []
+
+        n = len(trace)
+        self.n = n
+        self.arrival = trace.arrival_s.tolist()
+        self.psize = trace.prompt_tokens.tolist()
+        self.osize = trace.output_tokens.tolist()
+        nan = float("nan")
+        self.prompt_start = [nan] * n
+        self.prompt_end = [nan] * n
+        self.kv_start = [nan] * n
+        self.kv_end = [nan] * n
+        self.token_start = [nan] * n
+        self.token_end = [nan] * n
+        self.pm = [-1] * n
+        self.tm = [-1] * n
+        self.ttask: list = [None] * n
+        self.rmem = [0.0] * n        # KV bytes the request holds (SplitwiseSim's request.memory)
+        self.pool: list = [None] * n  # the request's tasks on the machine it is on
+        self.rsel = [-1] * n
+        self.split = [False] * n
+        self.heap: list = []
+        self.seq = 0
+        self.sel = 0
+        self.now = 0.0
+        self.blocks: list = []
+        self.record = cfg.record_iterations
+        self.flow_retries = 0
+        self.completed = 0
+
+    # ---------------------------------------------------------------- event loop
+
+    def push(self, t: float, kind: int, obj, ver: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, obj, ver))
+
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        heap = self.heap
+        pop = heapq.heappop
+        arrival = self.arrival
+        n = self.n
+        i = 0
+        tick = max(n // 100, 1)
+        while True:
+            if i < n and (not heap or arrival[i] <= heap[0][0]):
+                self.now = arrival[i]
+                self.arrive(i)
+                i += 1
+                if progress is not None and i % tick == 0:
+                    progress(tick)
+                continue
+            if not heap:
+                break
+            t, _, kind, obj, ver = pop(heap)
+            self.now = t
+            if kind == _EV_ITER:
+                if obj.ver == ver:
+                    if self.chunk is None:
+                        self.complete_block(obj)
+                    else:
+                        self.complete_chunked(obj)
+            elif kind == _EV_FLOW:
+                self.flow_done(obj)
+            else:
+                self.flow_try(obj)
+        if progress is not None and n % tick:
+            progress(n % tick)
+
+    # ---------------------------------------------------------------- scheduler
+
+    def arrive(self, r: int) -> None:
+        p, o = self.psize[r], self.osize[r]
+        pt = _Task(r, True, p, self.kv_tok * (p + 1))
+        tt = _Task(r, False, o - 1, self.kv_tok * (o - 1)) if o > 1 else None
+        self.ttask[r] = tt
+        self.pool[r] = []
+        if self.scheduler == "token_jsq":
+            m = min(self.machines, key=_spt)
+            m.spt += p + (1 if tt is not None else 0)
+            self.pm[r] = self.tm[r] = m.idx
+            self.submit(m, pt)
+            if tt is not None:
+                self.submit(m, tt)
+            return
+        self.route_mixed_pool(r, pt, tt)
+
+    def route_mixed_pool(self, r: int, pt: _Task, tt: _Task | None) -> None:
+        """SplitwiseSim's mixed-pool scheduler.
+
+        Prompt machine: the prompt-pool machine with the fewest scheduled pending tokens,
+        unless it has a queue and would pass `prompt_queue_tokens`; then the same among
+        mixed-pool machines; else the token-pool machine with the fewest pending tokens
+        joins the mixed pool and takes it. Token machine: the token-pool machine with the
+        least scheduled KV memory, unless this request's KV (prompt + output tokens)
+        would fill it; then the same among mixed machines; else the prompt-pool machine
+        with the least scheduled memory joins the mixed pool. With neither, the request
+        runs wholly on the machine with the fewest pending tokens. A mixed machine
+        returns to its pool when it has nothing left to do.
+        """
+        cfg = self.cfg
+        p = self.psize[r]
+        need = pt.mem + (tt.mem if tt is not None else 0.0)
+        pm = None
+        for group in (self.prompt_pool, self.mixed_pool):
+            if group:
+                m = min(group, key=_spt)
+                if not (m.pq and m.spt + p > cfg.prompt_queue_tokens):
+                    pm = m
+                    break
+        tm = None
+        for group in (self.token_pool, self.mixed_pool):
+            if group:
+                m = min(group, key=_smem)
+                if m.smem + need < m.max_mem:
+                    tm = m
+                    break
+        if pm is None and self.token_pool:
+            pm = min(self.token_pool, key=_spt)
+            self.token_pool.remove(pm)
+            self.mixed_pool.append(pm)
+            pm.mixed = True
+        if tm is None and self.prompt_pool:
+            tm = min(self.prompt_pool, key=_smem)
+            self.prompt_pool.remove(tm)
+            self.mixed_pool.append(tm)
+            tm.mixed = True
+        if pm is None or tm is None:
+            pm = tm = min(self.prompt_pool + self.mixed_pool + self.token_pool, key=_spt)
+        self.pm[r], self.tm[r] = pm.idx, tm.idx
+        if pm is not tm and tt is not None:
+            self.split[r] = True
+            pm.smem += pt.mem
+            tm.smem += pt.mem + tt.mem
+            pm.spt += p
+            tm.spt += 1
+            self.submit(pm, pt)
+        else:
+            if pm is not tm:  # one-token output: nothing to decode, nothing to move
+                self.tm[r] = pm.idx
+            pm.smem += need
+            pm.spt += p + (1 if tt is not None else 0)
+            self.submit(pm, pt)
+            if tt is not None:
+                self.submit(pm, tt)
+
+    def notify_free(self, m: Machine) -> None:
+        if m.mixed:
+            m.mixed = False
+            self.mixed_pool.remove(m)
+            (self.prompt_pool if m.pool == "prompt" else self.token_pool).append(m)
+
+    # ---------------------------------------------------------------- machine: queues
+
+    def set_mem(self, m: Machine, delta: float) -> None:
+        now = self.now
+        m.mem_area += (m.mem - m.weights) * (now - m.mem_t)
+        m.mem_t = now
+        m.mem += delta
+
+    def add_pending(self, m: Machine, t: _Task, preempted: bool = False) -> None:
+        self.seq += 1
+        entry = (t.npre, self.arrival[t.r], self.seq, t)
+        t.pq = entry
+        bisect.insort(m.pq, entry)
+        if preempted:
+            m.blocked[t] = None
+        if t.is_prompt:
+            m.ppq[t] = None
+
+    def remove_pending(self, m: Machine, t: _Task) -> None:
+        q = m.pq
+        del q[bisect.bisect_left(q, t.pq)]
+        t.pq = None
+        if m.blocked:
+            m.blocked.pop(t, None)
+        if t.is_prompt:
+            del m.ppq[t]
+
+    def submit(self, m: Machine, t: _Task) -> None:
+        """A task arrives at a machine (SplitwiseSim's `task_arrival`)."""
+        t.state = _QUEUED
+        r = t.r
+        lst = self.pool[r]
+        if not lst:
+            bisect.insort(m.preq, r)
+        lst.append(t)
+        if self.chunk is not None:
+            self.submit_chunked(m, t)
+            return
+        self.add_pending(m, t)
+        cfg = self.cfg
+        if not m.batch:
+            if m.mem + t.mem > m.max_mem:
+                return
+            self.start_block(m)
+            return
+        if len(m.batch) < cfg.max_batch_size and m.btok + t.tpi <= cfg.max_batch_tokens:
+            self.cut_block(m)
+            return
+        if t.is_prompt:
+            prompt_tokens = m.btok - (len(m.batch) - m.n_prompt_b)
+            if m.n_prompt_b < len(m.batch) and prompt_tokens + t.size <= cfg.max_batch_tokens:
+                self.cut_block(m)
+
+    def cut_block(self, m: Machine) -> None:
+        """End a decode-only block at the next iteration boundary."""
+        if m.pause or m.n_prompt_b > 0:
+            return
+        m.pause = True
+        j = _timing.iterations_done(m.t0, m.dt, self.now - m.start) + 1
+        if j < m.k:
+            m.k = j
+            m.ver += 1
+            self.push(m.start + _timing.cumulative_s(m.t0, m.dt, j), _EV_ITER, m, m.ver)
+
+    # ---------------------------------------------------------------- machine: batches
+
+    def select(self, m: Machine):
+        """The next batch (see the module docstring); returns (new tasks, preempted tasks)."""
+        cfg = self.cfg
+        max_bs, max_bt, max_pre = cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_preemptions
+        self.sel += 1
+        sel = self.sel
+        rsel = self.rsel
+        new = []
+        nb = 0
+        bt = 0
+        mem = m.mem
+        cap = m.max_mem
+        # 1. tasks passed over max_preemptions times (queue order; stops at the first that was not)
+        for entry in m.pq:
+            t = entry[3]
+            if t.npre < max_pre:
+                break
+            if nb == max_bs or (nb and bt + t.tpi > max_bt):
+                break
+            if rsel[t.r] == sel:
+                continue
+            if t.state == _BLOCKED:
+                pass
+            elif t.mem + mem <= cap:
+                mem += t.mem
+            else:
+                continue
+            new.append(t)
+            t.sel = rsel[t.r] = sel
+            nb += 1
+            bt += t.tpi
+        # 2. waiting prompts, in arrival order, while their KV fits
+        for t in m.ppq:
+            if nb == max_bs or (nb and bt + t.tpi > max_bt):
+                break
+            if rsel[t.r] == sel:
+                continue
+            if t.mem + mem > cap:
+                break
+            mem += t.mem
+            new.append(t)
+            t.sel = rsel[t.r] = sel
+            nb += 1
+            bt += t.tpi
+        # 3. preempted decodes
+        for t in m.blocked:
+            if nb == max_bs or (nb and bt + 1 > max_bt):
+                break
+            if rsel[t.r] == sel:
+                continue
+            new.append(t)
+            t.sel = rsel[t.r] = sel
+            nb += 1
+            bt += 1
+        # 4. the last batch's decodes
+        old = m.batch
+        for t in old:
+            if nb == max_bs or (nb and bt + t.tpi > max_bt):
+                break
+            if rsel[t.r] == sel:
+                continue
+            new.append(t)
+            t.sel = rsel[t.r] = sel
+            nb += 1
+            bt += t.tpi
+        # 5. other waiting tasks by request arrival, while their KV fits
+        if nb < max_bs:
+            pool = self.pool
+            for r in m.preq:
+                if nb == max_bs:
+                    break
+                if rsel[r] == sel:
+                    continue
+                t = pool[r][0]
+                if nb and bt + t.tpi > max_bt:
+                    break
+                if t.state != _BLOCKED:
+                    if t.mem + mem > cap:
+                        break
+                    mem += t.mem
+                new.append(t)
+                t.sel = rsel[r] = sel
+                nb += 1
+                bt += t.tpi
+        m.btok = bt
+        return new, [t for t in old if t.sel != sel]
+
+    def start_block(self, m: Machine) -> None:
+        """Choose the next batch and start it (SplitwiseSim's `start_iteration`)."""
+        new, preempted = self.select(m)
+        batch = m.batch
+        for t in preempted:
+            t.state = _BLOCKED
+            batch.remove(t)
+            self.add_pending(m, t, preempted=True)
+        now = self.now
+        for t in new:
+            if t.state == _RUNNING:
+                continue
+            self.remove_pending(m, t)
+            batch.append(t)
+            r = t.r
+            if t.state == _QUEUED:
+                self.set_mem(m, t.mem)
+                self.rmem[r] += t.mem
+                if t.is_prompt:
+                    self.prompt_start[r] = now
+                    m.n_prompt_b += 1
+                    m.prompts_run += 1
+                else:
+                    self.token_start[r] = now
+                    m.decodes_run += 1
+            t.state = _RUNNING
+        pool = self.pool
+        for entry in m.pq:
+            t = entry[3]
+            if pool[t.r][0] is t:
+                t.npre += 1
+        if not batch:
+            if not m.preq:
+                self.notify_free(m)
+            return
+        self.launch(m)
+
+    def launch(self, m: Machine) -> None:
+        batch = m.batch
+        ft = m.ft
+        psize = self.psize
+        if m.n_prompt_b:
+            P = n = B = 0
+            S = C = 0.0
+            for t in batch:
+                if t.is_prompt:
+                    p = t.size
+                    P += p
+                    n += 1
+                    S += p * p
+                else:
+                    B += 1
+                    C += psize[t.r] + 1 + t.gen
+            m.t0, m.dt, m.k = ft.iteration(P, n, S, B, C), 0.0, 1
+        else:
+            k = _INF
+            C = 0.0
+            for t in batch:
+                rem = t.size - t.gen
+                if rem < k:
+                    k = rem
+                C += psize[t.r] + 1 + t.gen
+            P = n = 0
+            S = 0.0
+            B = len(batch)
+            m.k = k
+            m.t0, m.dt = ft.decode_block(B, C, k)
+        m.bP, m.bn, m.bS, m.bB, m.bC = P, n, S, B, C
+        m.start = self.now
+        m.pause = False
+        m.ver += 1
+        self.push(self.now + _timing.cumulative_s(m.t0, m.dt, m.k), _EV_ITER, m, m.ver)
+
+    def complete_block(self, m: Machine) -> None:
+        now = self.now
+        k = m.k
+        if self.record:
+            self.blocks.append((m.idx, m.start, now, k, m.bP, m.bn, m.bS, m.bB, m.bC))
+        done = []
+        for t in m.batch:
+            if t.is_prompt:
+                done.append(t)
+            else:
+                t.gen += k
+                if t.gen >= t.size:
+                    done.append(t)
+        for t in done:
+            self.task_done(m, t)
+        m.pause = False
+        self.start_block(m)
+
+    def task_done(self, m: Machine, t: _Task) -> None:
+        t.state = _DONE
+        m.batch.remove(t)
+        r = t.r
+        lst = self.pool[r]
+        lst.remove(t)
+        if not lst:
+            q = m.preq
+            del q[bisect.bisect_left(q, r)]
+        now = self.now
+        if t.is_prompt:
+            m.n_prompt_b -= 1
+            m.spt -= t.size
+            self.prompt_end[r] = now
+            tt = self.ttask[r]
+            if tt is None:
+                self.finish(m, r)
+            elif self.split[r]:
+                self.flow_try(r)
+        else:
+            m.spt -= 1
+            self.finish(m, r)
+
+    def finish(self, m: Machine, r: int) -> None:
+        """The request's last token: release its KV cache."""
+        freed = self.rmem[r]
+        self.set_mem(m, -freed)
+        m.smem -= freed
+        self.rmem[r] = 0.0
+        self.token_end[r] = self.now
+        self.completed += 1
+
+    # ---------------------------------------------------------------- KV transfer
+
+    def flow_try(self, r: int) -> None:
+        dest = self.machines[self.tm[r]]
+        need = self.rmem[r]
+        if dest.mem + need > dest.max_mem:
+            self.flow_retries += 1
+            self.push(self.now + self.cfg.flow_retry_s, _EV_RETRY, r)
+            return
+        self.set_mem(dest, need)
+        self.kv_start[r] = self.now
+        total = self.psize[r] * self.kv_tok / self.bw
+        if self.layerwise:
+            prompt_s = self.prompt_end[r] - self.prompt_start[r]  # the prompt's iteration
+            L = self.n_layers
+            dur = self.setup + total / L + max(0.0, (total - prompt_s) * (L - 1) / L)
+        else:
+            dur = self.setup + total
+        self.push(self.now + dur, _EV_FLOW, r)
+
+    def flow_done(self, r: int) -> None:
+        src = self.machines[self.pm[r]]
+        dest = self.machines[self.tm[r]]
+        freed = self.rmem[r]
+        self.set_mem(src, -freed)
+        src.smem -= freed
+        self.kv_end[r] = self.now
+        self.submit(dest, self.ttask[r])
+        # the source may have been waiting for this memory
+        if src.pq and self.chunk is None:
+            t = src.pq[0][3]
+            if not src.batch:
+                if src.mem + t.mem <= src.max_mem:
+                    self.start_block(src)
+            elif len(src.batch) < self.cfg.max_batch_size and src.btok < self.cfg.max_batch_tokens:
+                self.cut_block(src)
+
+    # ---------------------------------------------------------------- chunked prefill
+
+    def submit_chunked(self, m: Machine, t: _Task) -> None:
+        """Chunked prefill: prompts queue FCFS; a request's decode joins when its prompt ends."""
+        if t.is_prompt:
+            m.ppq[t] = None
+            if not m.batch and not m.decodes:
+                self.start_chunked(m)
+            else:
+                self.cut_block(m)
+
+    def start_chunked(self, m: Machine) -> None:
+        """Every running decode plus up to `chunked_prefill_tokens` prompt tokens.
+
+        A prompt is admitted (FCFS) when the KV cache of its whole request fits; it is
+        then never preempted. Decodes beyond `max_batch_size` wait their turn.
+        """
+        cfg = self.cfg
+        budget = self.chunk
+        now = self.now
+        decodes = m.decodes[: cfg.max_batch_size]
+        room = cfg.max_batch_size - len(decodes)
+        chunks = []
+        P = n = 0
+        S = 0.0
+        for t in m.ppq:
+            if budget <= 0 or room <= 0:
+                break
+            r = t.r
+            if t.state == _QUEUED:
+                need = t.mem + (self.ttask[r].mem if self.ttask[r] is not None else 0.0)
+                if m.mem + need > m.max_mem:
+                    break
+                self.set_mem(m, need)
+                self.rmem[r] += need
+                t.state = _RUNNING
+                self.prompt_start[r] = now
+                m.prompts_run += 1
+            c = min(t.size - t.done, budget)
+            chunks.append((t, c))
+            budget -= c
+            room -= 1
+            P += c
+            n += 1
+            S += (t.done + c) ** 2 - t.done ** 2
+        B = len(decodes)
+        if not chunks and not B:
+            m.batch = []
+            if not m.preq:
+                self.notify_free(m)
+            return
+        psize = self.psize
+        C = 0.0
+        for t in decodes:
+            C += psize[t.r] + 1 + t.gen
+        m.batch = decodes
+        m.n_prompt_b = len(chunks)
+        m.chunks = chunks
+        if chunks:
+            m.t0, m.dt, m.k = m.ft.iteration(P, n, S, B, C), 0.0, 1
+        else:
+            k = min(t.size - t.gen for t in decodes)
+            m.k = k
+            m.t0, m.dt = m.ft.decode_block(B, C, k)
+        m.btok = P + B
+        m.bP, m.bn, m.bS, m.bB, m.bC = P, n, S, B, C
+        m.start = now
+        m.pause = False
+        m.ver += 1
+        self.push(now + _timing.cumulative_s(m.t0, m.dt, m.k), _EV_ITER, m, m.ver)
+
+    def complete_chunked(self, m: Machine) -> None:
+        now = self.now
+        k = m.k
+        if self.record:
+            self.blocks.append((m.idx, m.start, now, k, m.bP, m.bn, m.bS, m.bB, m.bC))
+        finished = []
+        for t in m.batch:
+            if self.token_start[t.r] != self.token_start[t.r]:  # NaN: first decode iteration
+                self.token_start[t.r] = m.start
+                m.decodes_run += 1
+            t.gen += k
+            if t.gen >= t.size:
+                finished.append(t)
+        for t in finished:
+            m.decodes.remove(t)
+            r = t.r
+            self.pool[r].remove(t)
+            if not self.pool[r]:
+                del m.preq[bisect.bisect_left(m.preq, r)]
+            m.spt -= 1
+            t.state = _DONE
+            self.finish(m, r)
+        for t, c in m.chunks:
+            t.done += c
+            if t.done >= t.size:
+                r = t.r
+                del m.ppq[t]
+                t.state = _DONE
+                self.pool[r].remove(t)
+                m.spt -= t.size
+                self.prompt_end[r] = now
+                tt = self.ttask[r]
+                if tt is None:
+                    del m.preq[bisect.bisect_left(m.preq, r)]
+                    self.finish(m, r)
+                else:
+                    tt.state = _RUNNING
+                    m.decodes.append(tt)
+        m.chunks = []
+        m.n_prompt_b = 0
+        m.pause = False
+        self.start_chunked(m)
+
+
+def _spt(m: Machine):
+    return m.spt
+
+
+def _smem(m: Machine):
+    return m.smem
+
+
+def _whole(name: str, v) -> int:
+    x = float(v)
+    if not (math.isfinite(x) and x >= 1 and abs(x - round(x)) < 1e-9):
+        raise ValueError(f"the simulator needs whole machines: cluster.{name} = {x!r} (round the pool size)")
+    return int(round(x))
+
+
+def _hw_name(timing) -> str:
+    m = timing.machine
+    name = str(m.gpu.name)
+    cap = float(np.asarray(timing.cap_frac))
+    # SplitwiseSim names its capped H100 profile "h100-80gb-pcap"
+    return name if cap >= 1.0 else f"{name}-pcap"
+
+
+def run(cluster, trace: RequestTrace, cfg: SimConfig = SimConfig(), *, fast: dict | None = None,
+        progress: Callable[[int], None] | None = None) -> RawResult:
+    """Simulate a trace on a cluster; see `splitwise_jax.simulate.simulate` for the public entry.
+
+    Args:
+        cluster: a `Cluster` (`designs.make_cluster`) with whole pool sizes.
+        trace: the requests.
+        cfg: the policies' knobs.
+        fast: {"prompt": FastTiming, "token": FastTiming} (built from the cluster if None).
+        progress: called with the number of requests newly arrived, now and then.
+    """
+    if fast is None:
+        fast = build_fast_timings(cluster, trace, cfg)
+    sim = _Sim(cluster, trace, cfg, fast)
+    sim.run(progress)
+    end = sim.now
+    for m in sim.machines:
+        sim.now = end
+        sim.set_mem(m, 0.0)
+    blocks = np.asarray(sim.blocks, dtype=np.float64).reshape(-1, 9)
+    kv_cap = np.asarray([m.max_mem - m.weights for m in sim.machines])
+    return RawResult(
+        prompt_start=np.asarray(sim.prompt_start), prompt_end=np.asarray(sim.prompt_end),
+        kv_start=np.asarray(sim.kv_start), kv_end=np.asarray(sim.kv_end),
+        token_start=np.asarray(sim.token_start), token_end=np.asarray(sim.token_end),
+        prompt_machine=np.asarray(sim.pm), token_machine=np.asarray(sim.tm),
+        blocks=blocks, machines=sim.machines,
+        kv_area=np.asarray([m.mem_area for m in sim.machines]), kv_capacity=kv_cap,
+        flow_retries=sim.flow_retries, end_s=end,
+    )
+
+
+def build_fast_timings(cluster, trace: RequestTrace, cfg: SimConfig) -> dict:
+    """Fast timings of the prompt and token machine types, sized to the trace."""
+    max_prompt = int(trace.prompt_tokens.max())
+    max_tokens = max(cfg.max_batch_tokens, max_prompt, cfg.chunked_prefill_tokens or 0) + cfg.max_batch_size
+    max_ctx = int((trace.prompt_tokens + trace.output_tokens).max()) + 1
+    kw = dict(max_tokens=max_tokens, max_batch=cfg.max_batch_size, max_context=max_ctx)
+    prompt = _timing.fast_timing(cluster.prompt, **kw)
+    token = prompt if cluster.kind == "baseline" else _timing.fast_timing(cluster.token, **kw)
+    return {"prompt": prompt, "token": token}
