@@ -501,6 +501,15 @@ class _Sim:
 
     def start_block(self, m: Machine) -> None:
         """Choose the next batch and start it (SplitwiseSim's `start_iteration`)."""
+        if not m.pq:
+            # Nothing waits: the selection would keep the last batch's decodes whole (they
+            # fitted its limits, and its prompts are done) and pass nobody over.
+            if m.batch:
+                m.btok = len(m.batch)
+                self.launch(m)
+            elif not m.preq:
+                self.notify_free(m)
+            return
         new, preempted = self.select(m)
         batch = m.batch
         for t in preempted:
@@ -556,11 +565,17 @@ class _Sim:
         else:
             k = _INF
             C = 0.0
-            for t in batch:
-                rem = t.size - t.gen
-                if rem < k:
-                    k = rem
-                C += psize[t.r] + 1 + t.gen
+            if ft.uses_context:
+                for t in batch:
+                    rem = t.size - t.gen
+                    if rem < k:
+                        k = rem
+                    C += psize[t.r] + 1 + t.gen
+            else:
+                for t in batch:
+                    rem = t.size - t.gen
+                    if rem < k:
+                        k = rem
             P = n = 0
             S = 0.0
             B = len(batch)

@@ -113,39 +113,59 @@ def _power_eval(timing, P, n, S, B, C):
     return power_w(timing, P, n, S, B, C)
 
 
-def _padded(x: np.ndarray, size: int) -> np.ndarray:
-    out = np.full(size, x[-1] if x.size else 0.0)
-    out[: x.size] = x
-    return out
+# Batches of points are evaluated in chunks of one fixed length, so each strategy type
+# compiles once per process whatever the run's size.
+_CHUNK = 4096
 
 
-def _bucket(n: int) -> int:
-    """Array lengths rounded up to a power of two (>= 256) so jit compiles a few shapes."""
-    return max(256, 1 << (max(n, 1) - 1).bit_length())
+def _uniform(timing):
+    # Static names (machine, GPU, model) are part of the pytree structure: each distinct
+    # name would compile anew. The numbers are what matter here.
+    from splitwise_jax.designs import uniform_names
+    return uniform_names(timing)
+
+
+def _chunked(fn, timing, *arrays) -> tuple[np.ndarray, ...]:
+    """Evaluate a jitted fn(timing, P, n, S, B, C) on flat float64 arrays, chunk by chunk."""
+    flat = [np.ravel(np.asarray(a, dtype=np.float64)) for a in arrays]
+    m = flat[0].size
+    timing = _uniform(timing)
+    outs = None
+    for lo in range(0, max(m, 1), _CHUNK):
+        part = []
+        for a in flat:
+            chunk = np.full(_CHUNK, a[lo] if m else 0.0)
+            seg = a[lo:lo + _CHUNK]
+            chunk[: seg.size] = seg
+            part.append(jnp.asarray(chunk))
+        res = fn(timing, *part)
+        res = res if isinstance(res, tuple) else (res,)
+        if outs is None:
+            outs = [[] for _ in res]
+        for acc, r in zip(outs, res):
+            acc.append(np.asarray(r, dtype=np.float64))
+    return tuple(np.concatenate(acc)[:m] for acc in outs)
 
 
 def batch_power_w(timing, P, n, S, B, C) -> np.ndarray:
-    """Per-GPU power (W) of many iterations, one compiled call (shapes bucketed)."""
-    P = np.asarray(P, dtype=np.float64)
-    m = P.size
-    if m == 0:
+    """Per-GPU power (W) of many iterations (chunked compiled calls)."""
+    if np.size(P) == 0:
         return np.zeros(0)
-    size = _bucket(m)
-    args = [jnp.asarray(_padded(np.asarray(a, dtype=np.float64), size)) for a in (P, n, S, B, C)]
-    return np.asarray(_power_eval(timing, *args), dtype=np.float64)[:m]
+    return _chunked(_power_eval, timing, P, n, S, B, C)[0]
 
 
 def exact_iteration_s(timing, P, n, S, B, C) -> np.ndarray:
-    """The strategy's own iteration time (s) at many batches, one compiled call."""
-    P = np.asarray(P, dtype=np.float64)
-    m = P.size
-    size = _bucket(m)
-    args = [jnp.asarray(_padded(np.asarray(a, dtype=np.float64), size)) for a in (P, n, S, B, C)]
-    return np.asarray(_eval(timing, *args), dtype=np.float64)[:m]
+    """The strategy's own iteration time (s) at many batches (chunked compiled calls)."""
+    if np.size(P) == 0:
+        return np.zeros(0)
+    return _chunked(_eval, timing, P, n, S, B, C)[0]
 
 
 class FastTiming:
     """Iteration times of one machine type as plain Python floats (see module docstring)."""
+
+    #: whether decode context (C) changes the time; the engine skips summing it if not
+    uses_context = True
 
     def iteration(self, P: int, n: int, S: float, B: int, C: float) -> float:
         """One iteration with P prompt tokens over n prompts (attention work S) and B decodes
@@ -160,6 +180,8 @@ class FastTiming:
 
 class TableTiming(FastTiming):
     """Exact lookup of a strategy whose time depends on token counts only (SimTableTiming)."""
+
+    uses_context = False
 
     def __init__(self, timing, max_tokens: int = 4096, max_batch: int = 512):
         self.timing = timing
@@ -264,12 +286,7 @@ class GridTiming(FastTiming):
 
     def _grid(self, P, n, S, B, C):
         shape = np.shape(P)
-        flat = [np.ravel(np.asarray(a, dtype=np.float64)) for a in (P, n, S, B, C)]
-        m = flat[0].size
-        size = _bucket(m)
-        args = [jnp.asarray(_padded(a, size)) for a in flat]
-        out = _grid_eval(self.timing, *args)
-        return tuple(np.asarray(o, dtype=np.float64)[:m].reshape(shape) for o in out)
+        return tuple(o.reshape(shape) for o in _chunked(_grid_eval, self.timing, P, n, S, B, C))
 
     @staticmethod
     def _seg(grid: list, x: float) -> tuple[int, float]:
