@@ -28,6 +28,8 @@ class SimResult(NamedTuple):
         trace: the trace simulated.
         wall_s: seconds spent in the event loop (`setup_s` before it, building the fast
             timing; `report_s` after it, metrics and power).
+        cpu_s: CPU seconds of this process in the event loop (on a shared machine, closer
+            to what the loop would take alone than `wall_s`).
     """
 
     metrics: dict
@@ -38,6 +40,7 @@ class SimResult(NamedTuple):
     wall_s: float
     setup_s: float
     report_s: float
+    cpu_s: float
 
     def histogram(self, pool: str | None = None, include_idle: bool = True) -> pd.DataFrame:
         """Time-weighted active-token histogram of a pool (see `report.batch_histogram`)."""
@@ -87,6 +90,7 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
     if fast is None:
         fast = engine.build_fast_timings(cluster, trace, config)
     t_loop = time.perf_counter()
+    cpu_loop = time.process_time()
     bar = None
     if progress:
         from tqdm import tqdm
@@ -97,10 +101,12 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
         if bar is not None:
             bar.close()
     t_report = time.perf_counter()
+    cpu_s = time.process_time() - cpu_loop
     a_ttft, a_tbt = _timing.alone_s(cluster.alone, trace.prompt_tokens.astype(np.float64))
     requests = report.request_table(raw, trace, a_ttft, a_tbt)
     block_w = report.block_power_w(raw, cluster) if power else None
     machines = report.machine_table(raw, trace, cluster, block_w)
     metrics = report.metrics_dict(requests, raw, trace, cluster, slo, machines)
     t_end = time.perf_counter()
-    return SimResult(metrics, requests, machines, raw, trace, t_report - t_loop, t_loop - t_setup, t_end - t_report)
+    return SimResult(metrics, requests, machines, raw, trace, t_report - t_loop, t_loop - t_setup, t_end - t_report,
+                     cpu_s)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import operator
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -67,7 +68,8 @@ _INF = float("inf")
 
 
 class _Task:
-    __slots__ = ("r", "is_prompt", "size", "tpi", "mem", "state", "npre", "gen", "sel", "pq", "done")
+    __slots__ = ("r", "is_prompt", "size", "tpi", "mem", "state", "npre", "gen", "sel", "pq", "done", "fin", "hv",
+                 "bj")
 
     def __init__(self, r: int, is_prompt: bool, size: int, mem: float):
         self.r = r
@@ -77,19 +79,27 @@ class _Task:
         self.mem = mem              # KV bytes this task allocates when it starts
         self.state = 0
         self.npre = 0               # times passed over while waiting (SplitwiseSim's preemptions)
-        self.gen = 0                # decode tokens generated so far
+        self.gen = 0                # decode tokens generated (while out of a batch)
         self.sel = -1               # batch-selection stamp
         self.pq = None              # its pending-queue entry
         self.done = 0               # prompt tokens processed (chunked prefill)
+        self.fin = 0                # in a batch: the machine's iteration count at which it finishes
+        self.hv = 0                 # version of its finish-heap entry
+        self.bj = 0                 # when it joined the batch (the batch is in this order)
 
 
 class Machine:
-    """One model instance (a DGX machine running the LLM at tensor parallel = all GPUs)."""
+    """One model instance (a DGX machine running the LLM at tensor parallel = all GPUs).
 
-    __slots__ = ("idx", "name", "pool", "tag", "ft", "max_mem", "mem", "smem", "spt", "pq", "ppq", "blocked",
-                 "batch", "n_prompt_b", "btok", "preq", "t0", "dt", "k", "start", "pause", "ver", "mixed",
+    Running decodes are not touched per iteration: the machine counts iterations (`it`)
+    and each decode in the batch knows the count at which it finishes (`fin`, kept in a
+    heap), so a block costs O(log batch) however large the batch.
+    """
+
+    __slots__ = ("idx", "name", "pool", "ft", "max_mem", "mem", "smem", "spt", "pq", "ppq", "blocked",
+                 "batch", "btok", "preq", "waitr", "t0", "dt", "k", "start", "pause", "ver", "mixed",
                  "bP", "bn", "bS", "bB", "bC", "weights", "mem_t", "mem_area", "decodes", "prompts_run",
-                 "decodes_run", "chunks")
+                 "decodes_run", "chunks", "it", "finq", "bprompts", "sum_base", "sum_fin", "n_prompt_b")
 
     def __init__(self, idx: int, name: str, pool: str, ft, max_mem: float, weights: float):
         self.idx = idx
@@ -104,10 +114,10 @@ class Machine:
         self.pq: list = []          # pending queue: (npre when queued, arrival, seq, task)
         self.ppq: dict = {}         # pending prompts, insertion order
         self.blocked: dict = {}     # preempted decodes, insertion order
-        self.batch: list = []
-        self.n_prompt_b = 0
+        self.batch: list = []       # running tasks: surviving old ones in order, then new ones
         self.btok = 0
         self.preq: list = []        # requests with a task here, by arrival
+        self.waitr: list = []       # requests whose first task here is waiting, by arrival
         self.t0 = 0.0
         self.dt = 0.0
         self.k = 0
@@ -123,6 +133,12 @@ class Machine:
         self.prompts_run = 0
         self.decodes_run = 0
         self.chunks: list = []      # chunked prefill: (prompt task, tokens) of the running iteration
+        self.it = 0                 # iterations run
+        self.finq: list = []        # (fin, seq, hv, task) of running decodes
+        self.bprompts: list = []    # prompt tasks of the running batch
+        self.sum_base = 0           # sum over running decodes of prompt + 1 + decode tokens
+        self.sum_fin = 0            # sum over running decodes of fin
+        self.n_prompt_b = 0
 
 
 class RawResult(NamedTuple):
@@ -356,13 +372,16 @@ class _Sim:
 
     def add_pending(self, m: Machine, t: _Task, preempted: bool = False) -> None:
         self.seq += 1
-        entry = (t.npre, self.arrival[t.r], self.seq, t)
+        r = t.r
+        entry = (t.npre, self.arrival[r], self.seq, t)
         t.pq = entry
         bisect.insort(m.pq, entry)
         if preempted:
             m.blocked[t] = None
         if t.is_prompt:
             m.ppq[t] = None
+        if self.pool[r][0] is t:
+            bisect.insort(m.waitr, r)
 
     def remove_pending(self, m: Machine, t: _Task) -> None:
         q = m.pq
@@ -372,6 +391,10 @@ class _Sim:
             m.blocked.pop(t, None)
         if t.is_prompt:
             del m.ppq[t]
+        r = t.r
+        if self.pool[r][0] is t:
+            w = m.waitr
+            del w[bisect.bisect_left(w, r)]
 
     def submit(self, m: Machine, t: _Task) -> None:
         """A task arrives at a machine (SplitwiseSim's `task_arrival`)."""
@@ -395,8 +418,8 @@ class _Sim:
             self.cut_block(m)
             return
         if t.is_prompt:
-            prompt_tokens = m.btok - (len(m.batch) - m.n_prompt_b)
-            if m.n_prompt_b < len(m.batch) and prompt_tokens + t.size <= cfg.max_batch_tokens:
+            prompt_tokens = m.btok - (len(m.batch) - len(m.bprompts))
+            if len(m.bprompts) < len(m.batch) and prompt_tokens + t.size <= cfg.max_batch_tokens:
                 self.cut_block(m)
 
     def cut_block(self, m: Machine) -> None:
@@ -413,7 +436,11 @@ class _Sim:
     # ---------------------------------------------------------------- machine: batches
 
     def select(self, m: Machine):
-        """The next batch (see the module docstring); returns (new tasks, preempted tasks)."""
+        """The next batch (see the module docstring).
+
+        Returns the tasks to add and how many of the last batch's decodes stay (a
+        prefix: they are all decodes, none selected before, one token each).
+        """
         cfg = self.cfg
         max_bs, max_bt, max_pre = cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_preemptions
         self.sel += 1
@@ -466,21 +493,20 @@ class _Sim:
             t.sel = rsel[t.r] = sel
             nb += 1
             bt += 1
-        # 4. the last batch's decodes
-        old = m.batch
-        for t in old:
-            if nb == max_bs or (nb and bt + t.tpi > max_bt):
-                break
-            if rsel[t.r] == sel:
-                continue
-            new.append(t)
-            t.sel = rsel[t.r] = sel
-            nb += 1
-            bt += t.tpi
-        # 5. other waiting tasks by request arrival, while their KV fits
-        if nb < max_bs:
+        # 4. the last batch's decodes, in order, while they fit (one token each)
+        n_old = len(m.batch)
+        if n_old:
+            keep = min(n_old, max_bs - nb, max_bt - bt) if nb else min(n_old, max_bs, max(max_bt, 1))
+            keep = max(keep, 0)
+            nb += keep
+            bt += keep
+        else:
+            keep = 0
+        # 5. other waiting requests by arrival, while their KV fits (if 4 stopped early,
+        #    the same limit stops this loop at its first candidate)
+        if keep == n_old and nb < max_bs:
             pool = self.pool
-            for r in m.preq:
+            for r in m.waitr:
                 if nb == max_bs:
                     break
                 if rsel[r] == sel:
@@ -497,48 +523,61 @@ class _Sim:
                 nb += 1
                 bt += t.tpi
         m.btok = bt
-        return new, [t for t in old if t.sel != sel]
+        return new, keep
 
     def start_block(self, m: Machine) -> None:
         """Choose the next batch and start it (SplitwiseSim's `start_iteration`)."""
+        batch = m.batch
         if not m.pq:
             # Nothing waits: the selection would keep the last batch's decodes whole (they
             # fitted its limits, and its prompts are done) and pass nobody over.
-            if m.batch:
-                m.btok = len(m.batch)
+            if batch:
+                m.btok = len(batch)
                 self.launch(m)
             elif not m.preq:
                 self.notify_free(m)
             return
-        new, preempted = self.select(m)
-        batch = m.batch
-        for t in preempted:
-            t.state = _BLOCKED
-            batch.remove(t)
-            self.add_pending(m, t, preempted=True)
+        new, keep = self.select(m)
+        if keep < len(batch):
+            preempted = batch[keep:]
+            del batch[keep:]
+            it = m.it
+            psize = self.psize
+            for t in preempted:
+                t.gen = t.size - (t.fin - it)
+                m.sum_base -= psize[t.r] + 1 + t.size
+                m.sum_fin -= t.fin
+                t.state = _BLOCKED
+                self.add_pending(m, t, preempted=True)
         now = self.now
         for t in new:
-            if t.state == _RUNNING:
-                continue
             self.remove_pending(m, t)
             batch.append(t)
+            self.seq += 1
+            t.bj = self.seq
             r = t.r
             if t.state == _QUEUED:
                 self.set_mem(m, t.mem)
                 self.rmem[r] += t.mem
                 if t.is_prompt:
                     self.prompt_start[r] = now
-                    m.n_prompt_b += 1
                     m.prompts_run += 1
                 else:
                     self.token_start[r] = now
                     m.decodes_run += 1
+            if t.is_prompt:
+                m.bprompts.append(t)
+            else:
+                t.fin = m.it + t.size - t.gen
+                t.hv += 1
+                self.seq += 1
+                heapq.heappush(m.finq, (t.fin, self.seq, t.hv, t))
+                m.sum_base += self.psize[r] + 1 + t.size
+                m.sum_fin += t.fin
             t.state = _RUNNING
         pool = self.pool
-        for entry in m.pq:
-            t = entry[3]
-            if pool[t.r][0] is t:
-                t.npre += 1
+        for r in m.waitr:
+            pool[r][0].npre += 1
         if not batch:
             if not m.preq:
                 self.notify_free(m)
@@ -546,39 +585,29 @@ class _Sim:
         self.launch(m)
 
     def launch(self, m: Machine) -> None:
-        batch = m.batch
         ft = m.ft
-        psize = self.psize
-        if m.n_prompt_b:
-            P = n = B = 0
-            S = C = 0.0
-            for t in batch:
-                if t.is_prompt:
-                    p = t.size
-                    P += p
-                    n += 1
-                    S += p * p
-                else:
-                    B += 1
-                    C += psize[t.r] + 1 + t.gen
+        n = len(m.bprompts)
+        m.n_prompt_b = n
+        B = len(m.batch) - n
+        C = float(m.sum_base - m.sum_fin + B * m.it) if (B and ft.uses_context) else 0.0
+        if n:
+            P = 0
+            S = 0.0
+            for t in m.bprompts:
+                p = t.size
+                P += p
+                S += p * p
             m.t0, m.dt, m.k = ft.iteration(P, n, S, B, C), 0.0, 1
         else:
-            k = _INF
-            C = 0.0
-            if ft.uses_context:
-                for t in batch:
-                    rem = t.size - t.gen
-                    if rem < k:
-                        k = rem
-                    C += psize[t.r] + 1 + t.gen
-            else:
-                for t in batch:
-                    rem = t.size - t.gen
-                    if rem < k:
-                        k = rem
-            P = n = 0
+            P = 0
             S = 0.0
-            B = len(batch)
+            q = m.finq
+            while True:  # drop entries of decodes that left the batch
+                fin, _, hv, t = q[0]
+                if t.state == _RUNNING and t.hv == hv:
+                    break
+                heapq.heappop(q)
+            k = fin - m.it
             m.k = k
             m.t0, m.dt = ft.decode_block(B, C, k)
         m.bP, m.bn, m.bS, m.bB, m.bC = P, n, S, B, C
@@ -592,16 +621,22 @@ class _Sim:
         k = m.k
         if self.record:
             self.blocks.append((m.idx, m.start, now, k, m.bP, m.bn, m.bS, m.bB, m.bC))
-        done = []
-        for t in m.batch:
-            if t.is_prompt:
+        m.it += k
+        it = m.it
+        done = m.bprompts
+        m.bprompts = []
+        q = m.finq
+        while q and q[0][0] <= it:
+            fin, _, hv, t = heapq.heappop(q)
+            if t.state == _RUNNING and t.hv == hv:
                 done.append(t)
-            else:
-                t.gen += k
-                if t.gen >= t.size:
-                    done.append(t)
+        if len(done) > 1:
+            # SplitwiseSim completes them in batch order: survivors keep their order and
+            # newcomers are appended, so the batch is in order of joining
+            done.sort(key=_bj)
         for t in done:
             self.task_done(m, t)
+        m.n_prompt_b = 0
         m.pause = False
         self.start_block(m)
 
@@ -616,7 +651,6 @@ class _Sim:
             del q[bisect.bisect_left(q, r)]
         now = self.now
         if t.is_prompt:
-            m.n_prompt_b -= 1
             m.spt -= t.size
             self.prompt_end[r] = now
             tt = self.ttask[r]
@@ -624,8 +658,13 @@ class _Sim:
                 self.finish(m, r)
             elif self.split[r]:
                 self.flow_try(r)
+            elif self.chunk is None:
+                # the chained decode is now the request's first task here, and waiting
+                bisect.insort(m.waitr, r)
         else:
             m.spt -= 1
+            m.sum_base -= self.psize[r] + 1 + t.size
+            m.sum_fin -= t.fin
             self.finish(m, r)
 
     def finish(self, m: Machine, r: int) -> None:
@@ -789,12 +828,9 @@ class _Sim:
         self.start_chunked(m)
 
 
-def _spt(m: Machine):
-    return m.spt
-
-
-def _smem(m: Machine):
-    return m.smem
+_spt = operator.attrgetter("spt")
+_smem = operator.attrgetter("smem")
+_bj = operator.attrgetter("bj")
 
 
 def _whole(name: str, v) -> int:

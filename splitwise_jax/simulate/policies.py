@@ -72,9 +72,11 @@ class SimConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"SimConfig.{name} must be an integer >= 1, got {v!r}")
+        # >= 1: with 0 every waiting task would count as "preempted too often", including
+        # a decode whose prompt has not run yet.
         if isinstance(self.max_preemptions, bool) or not isinstance(self.max_preemptions, int) \
-                or self.max_preemptions < 0:
-            raise ValueError(f"SimConfig.max_preemptions must be an integer >= 0, got {self.max_preemptions!r}")
+                or self.max_preemptions < 1:
+            raise ValueError(f"SimConfig.max_preemptions must be an integer >= 1, got {self.max_preemptions!r}")
         if not (isinstance(self.flow_retry_s, (int, float)) and self.flow_retry_s > 0):
             raise ValueError(f"SimConfig.flow_retry_s must be a number > 0 (seconds), got {self.flow_retry_s!r}")
         c = self.chunked_prefill_tokens

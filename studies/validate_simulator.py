@@ -1,0 +1,407 @@
+"""Validate the request-level simulator (GitHub issue 11).
+
+Two modes:
+
+``--mode reference`` (default): the simulator against every reference run of
+SplitwiseSim in the shared validation folder (``splitwisesim_runs.csv``, 72 runs, and
+``boundary_runs.csv``, 52 runs including the real-arrival replays), with the
+reference's own phase timing (``make_cluster(..., phase_model="splitwise-sim-table")``)
+and the very trace file each run used (``traces/rr_{code,conv}_{rate}_2min.csv``, or the
+replay named in ``workload``). Reported: the relative error ``ours / reference - 1`` of
+each latency percentile, its median absolute value per percentile, the SLO-verdict
+agreement, and the wall-time ratio against the reference's ``wall_s``. For a few
+boundary runs the per-request records of the reference (``boundary_per_request/``) are
+compared request by request (same machines? same TTFT / E2E?), which is how policy
+differences are found.
+
+``--mode fluid-vs-sim``: the fluid model (`evaluate`) against the simulator with the
+calibrated phase timing, over random configurations (all designs, both workloads, both
+models, loads from 10 % to 120 % of a capacity estimate, Poisson and replayed real
+arrivals): error by percentile and by load. The fluid model is being changed by the lead
+(issue 11 notes), so only the smoke size is run here; ``--n-configs`` sets the size of a
+full run.
+
+Outputs in ``--out`` (default ``studies/out/validate_simulator/``): per-run CSV, summary
+CSV and markdown (also printed), and for the reference mode the per-request comparison.
+
+Usage:
+    python studies/validate_simulator.py [--mode reference|fluid-vs-sim] [--jobs 2] [--out DIR]
+    SPLITWISE_SMOKE=1 python studies/validate_simulator.py   # a few small runs (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
+METRICS = ("ttft", "tbt", "e2e")
+PCTS = ("p50", "p90", "p99")
+ERR_COLS = tuple(f"{m}_{p}" for p in PCTS for m in METRICS)
+OUT_DEFAULT = Path(__file__).resolve().parent / "out" / "validate_simulator"
+# Boundary runs compared request by request (a memory-bound HH grid point, an AA point,
+# and the bursty code replay on a baseline).
+PER_REQUEST_RUNS = ("splitwise-hh_P22T3_code60_bloom-176b", "splitwise-hh_P20T2_code60_bloom-176b",
+                    "baseline-h100_N30_code60_bloom-176b", "splitwise-hh_P12T6_conv60_bloom-176b")
+
+
+# ----------------------------------------------------------------------------- reference mode
+
+
+def _markdown(df: pd.DataFrame, digits: int = 4) -> str:
+    """A DataFrame as a markdown table (pandas' to_markdown needs the optional tabulate)."""
+    def fmt(v):
+        if isinstance(v, (float, np.floating)):
+            return f"{v:.{digits}g}"
+        return str(v)
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def load_reference_runs(folder: Path) -> pd.DataFrame:
+    """Both reference tables, one row per run, with the trace file each used."""
+    frames = []
+    for name in ("splitwisesim_runs.csv", "boundary_runs.csv"):
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found")
+        df = pd.read_csv(path)
+        df["source"] = name.replace(".csv", "")
+        frames.append(df)
+    runs = pd.concat(frames, ignore_index=True)
+    runs["meets_slo"] = runs["meets_slo"].astype(str).str.lower().isin(("true", "1"))
+    traces = []
+    for wl, rate in zip(runs["workload"], runs["rate"]):
+        if isinstance(rate, float) and np.isnan(rate):
+            traces.append(str(folder / "traces" / f"{wl}.csv"))
+        else:
+            traces.append(str(folder / "traces" / f"rr_{wl}_{int(rate)}_2min.csv"))
+    runs["trace"] = traces
+    missing = sorted({t for t in traces if not Path(t).is_file()})
+    if missing:
+        raise FileNotFoundError(f"trace files not found: {missing}")
+    runs["run_name"] = [_run_name(r) for _, r in runs.iterrows()]
+    return runs
+
+
+def _run_name(r) -> str:
+    if str(r["design"]).startswith("baseline"):
+        size = f"N{int(r['machines'])}"
+    else:
+        size = f"P{int(r['prompt_machines'])}T{int(r['token_machines'])}"
+    wl = r["workload"] if (isinstance(r["rate"], float) and np.isnan(r["rate"])) else f"{r['workload']}{int(r['rate'])}"
+    return f"{r['design']}_{size}_{wl}_{r['model']}"
+
+
+def _cluster(r, phase_model="splitwise-sim-table"):
+    from splitwise_jax.designs import make_cluster
+    if str(r["design"]).startswith("baseline"):
+        return make_cluster(r["design"], float(r["machines"]), model=r["model"], phase_model=phase_model)
+    return make_cluster(r["design"], float(r["prompt_machines"]), float(r["token_machines"]), model=r["model"],
+                        phase_model=phase_model)
+
+
+def _worker_init(warm: bool = True):
+    """float64, and one small run per machine type so that one-time compilation (the
+    alone times and the power model) is not charged to the first timed run."""
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    if not warm:
+        return
+    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.simulate import simulate
+    from splitwise_jax.simulate.trace import RequestTrace
+    tr = RequestTrace.from_arrays([0.0, 0.5, 1.0], [100, 2000, 500], [5, 20, 3], name="warm-up")
+    for design in ("baseline-a100", "splitwise-hh", "splitwise-hhcap"):
+        simulate(make_cluster(design, 1, 1, phase_model="splitwise-sim-table"), tr)
+
+
+def _simulate_reference_run(args):
+    """Run one reference configuration; returns (index, metrics row, per-request frame or None)."""
+    i, r, keep_requests = args
+    from splitwise_jax.simulate import simulate, trace as trace_mod
+    t0 = time.perf_counter()
+    tr = trace_mod.from_csv(r["trace"])
+    cluster = _cluster(r)
+    t1 = time.perf_counter()
+    res = simulate(cluster, tr)
+    t2 = time.perf_counter()
+    m = res.metrics
+    row = {f"ours_{met}_{pc}_s": m[f"{met}_s"][pc] for met in METRICS for pc in PCTS}
+    row.update({f"ours_{met}_slowdown_{pc}": m["slowdown"][met][pc] for met in METRICS for pc in PCTS})
+    row.update(ours_meets_slo=m["meets_slo"], status=m["status"], n_completed=int(res.requests["e2e_s"].notna().sum()),
+               loop_s=res.wall_s, setup_s=res.setup_s, report_s=res.report_s, load_s=t1 - t0,
+               run_s=t2 - t1 + (t1 - t0))
+    return i, row, (res.requests if keep_requests else None)
+
+
+def compare_reference(runs: pd.DataFrame, ours: pd.DataFrame) -> pd.DataFrame:
+    df = runs[["source", "run_name", "design", "prompt_machines", "token_machines", "machines", "workload", "rate",
+               "n_completed", "wall_s"]].copy()
+    df = df.rename(columns={"n_completed": "ref_n_completed", "wall_s": "ref_wall_s"})
+    for c in ERR_COLS:
+        df[f"ref_{c}_s"] = runs[f"{c}_s"].to_numpy()
+        df[f"ours_{c}_s"] = ours[f"ours_{c}_s"].to_numpy()
+        df[f"err_{c}"] = df[f"ours_{c}_s"] / df[f"ref_{c}_s"] - 1.0
+    df["ref_meets_slo"] = runs["meets_slo"].to_numpy()
+    df["ours_meets_slo"] = ours["ours_meets_slo"].to_numpy()
+    df["slo_agree"] = df["ref_meets_slo"] == df["ours_meets_slo"]
+    for c in ("status", "n_completed", "loop_s", "setup_s", "report_s", "run_s"):
+        df[c] = ours[c].to_numpy()
+    df["speedup_loop"] = df["ref_wall_s"] / df["loop_s"]
+    df["speedup_run"] = df["ref_wall_s"] / df["run_s"]
+    return df
+
+
+def summarise_reference(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    groups = {"all": df}
+    for src in sorted(df["source"].unique()):
+        groups[src] = df[df["source"] == src]
+    rows = []
+    for name, g in groups.items():
+        row = {"runs": name, "n": len(g)}
+        for c in ERR_COLS:
+            row[f"med_abs_err_{c}"] = float(np.median(np.abs(g[f"err_{c}"])))
+        row["max_abs_err_p50"] = float(np.max(np.abs(g[[f"err_{m}_p50" for m in METRICS]].to_numpy())))
+        row["slo_agreement"] = float(g["slo_agree"].mean())
+        row["speedup_loop_median"] = float(g["speedup_loop"].median())
+        row["speedup_loop_min"] = float(g["speedup_loop"].min())
+        row["speedup_run_median"] = float(g["speedup_run"].median())
+        row["speedup_run_min"] = float(g["speedup_run"].min())
+        rows.append(row)
+    summ = pd.DataFrame(rows)
+    lines = ["| runs | n | " + " | ".join(f"{m.upper()} {p.upper()}" for p in PCTS for m in METRICS)
+             + " | SLO agree | speed-up (loop) median / min | speed-up (run) median / min |",
+             "|---|---|" + "---|" * 9 + "---|---|---|"]
+    for _, r in summ.iterrows():
+        errs = " | ".join(f"{100 * r[f'med_abs_err_{c}']:.2f}%" for c in ERR_COLS)
+        lines.append(f"| {r['runs']} | {r['n']} | {errs} | {100 * r['slo_agreement']:.1f}% | "
+                     f"{r['speedup_loop_median']:.0f}x / {r['speedup_loop_min']:.0f}x | "
+                     f"{r['speedup_run_median']:.0f}x / {r['speedup_run_min']:.0f}x |")
+    return summ, "\n".join(lines)
+
+
+def per_request_compare(name: str, ours: pd.DataFrame, folder: Path) -> dict:
+    """Request-by-request comparison with the reference's record of one boundary run."""
+    path = folder / "boundary_per_request" / f"{name}.csv.gz"
+    ref = pd.read_csv(path)
+    o = ours.set_index("request_id").loc[ref["request_id"]]
+    out = {"run": name, "n": len(ref)}
+    for col in ("ttft_s", "e2e_s", "tbt_s", "queue_s"):
+        d = o[col].to_numpy() - ref[col].to_numpy()
+        rel = np.abs(d) / np.maximum(np.abs(ref[col].to_numpy()), 1e-9)
+        out[f"{col}_exact_frac"] = float(np.mean(np.abs(d) < 1e-6))
+        out[f"{col}_within_1pct_frac"] = float(np.mean(rel < 0.01))
+        out[f"{col}_median_abs_diff_s"] = float(np.median(np.abs(d)))
+    out["same_prompt_machine_frac"] = float(np.mean(o["prompt_machine"].to_numpy() == ref["prompt_machine"].to_numpy()))
+    out["same_token_machine_frac"] = float(np.mean(o["token_machine"].to_numpy() == ref["token_machine"].to_numpy()))
+    d = np.abs(o["ttft_s"].to_numpy() - ref["ttft_s"].to_numpy()) > 1e-6
+    out["first_ttft_diverging_request"] = int(ref["request_id"].to_numpy()[np.argmax(d)]) if d.any() else -1
+    return out
+
+
+def run_reference(args) -> int:
+    from splitwise_jax._paths import validation_dir
+    folder = Path(args.validation_dir) if args.validation_dir else validation_dir()
+    runs = load_reference_runs(folder)
+    if SMOKE:
+        picks = [runs.index[(runs["run_name"] == "splitwise-hh_P27T3_code30_bloom-176b")][0],
+                 runs.index[(runs["run_name"] == "baseline-h100_N40_code30_bloom-176b")][0],
+                 runs.index[(runs["run_name"] == "splitwise-hh_P22T3_code60_bloom-176b")][0]]
+        runs = runs.loc[picks].reset_index(drop=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    keep = set(PER_REQUEST_RUNS)
+    # Long runs first so two workers finish together.
+    order = list(runs.sort_values("wall_s", ascending=False).index)
+    tasks = [(i, runs.loc[i].to_dict(), runs.loc[i, "run_name"] in keep) for i in order]
+    results, requests = {}, {}
+    from tqdm import tqdm
+    t0 = time.perf_counter()
+    with tqdm(total=len(tasks), desc="reference runs", unit="run") as bar:
+        if args.jobs > 1:
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(args.jobs, initializer=_worker_init) as pool:
+                for i, row, req in pool.imap_unordered(_simulate_reference_run, tasks):
+                    results[i] = row
+                    bar.update(1)
+                    if req is not None:
+                        requests[runs.loc[i, "run_name"]] = req
+        else:
+            _worker_init()
+            for task in tasks:
+                i, row, req = _simulate_reference_run(task)
+                results[i] = row
+                if req is not None:
+                    requests[runs.loc[i, "run_name"]] = req
+                bar.update(1)
+    total = time.perf_counter() - t0
+    ours = pd.DataFrame([results[i] for i in range(len(runs))])
+    df = compare_reference(runs, ours)
+    df.to_csv(out / "reference_runs.csv", index=False)
+    summ, table = summarise_reference(df)
+    summ.to_csv(out / "reference_summary.csv", index=False)
+    pr = [per_request_compare(name, req, folder) for name, req in requests.items()
+          if (folder / "boundary_per_request" / f"{name}.csv.gz").is_file()]
+    pr_df = pd.DataFrame(pr)
+    if len(pr_df):
+        pr_df.to_csv(out / "per_request_compare.csv", index=False)
+        for name, req in requests.items():
+            req.to_csv(out / f"requests_{name}.csv.gz", index=False)
+    worst = df.assign(worst=np.max(np.abs(df[[f"err_{c}" for c in ERR_COLS]].to_numpy()), axis=1)) \
+        .sort_values("worst", ascending=False).head(10)
+    md = [f"# Simulator vs SplitwiseSim ({'SMOKE ' if SMOKE else ''}{len(df)} runs)", "",
+          "Median |relative error| per percentile, SLO-verdict agreement, and wall-time speed-up "
+          "(reference `wall_s` / ours; 'loop' = event loop only, 'run' = trace load + cluster + "
+          "timing setup + loop + metrics, after one-time JAX compilation in the process).", "", table, "",
+          f"Total wall time of this study: {total:.0f} s with {args.jobs} process(es).", "",
+          "## Worst runs (largest |relative error| of any percentile)", "",
+          _markdown(worst[["run_name", "worst", "ref_meets_slo", "ours_meets_slo", "status"]]), ""]
+    if len(pr_df):
+        md += ["## Request-by-request comparison (boundary_per_request)", "", _markdown(pr_df), ""]
+    (out / "reference_summary.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+# ----------------------------------------------------------------------------- fluid vs sim mode
+
+
+def random_configs(n: int, seed: int = 0) -> pd.DataFrame:
+    """Random configurations: design, pool sizes, workload, model, load, arrivals."""
+    from splitwise_jax.designs import DESIGNS
+    rng = np.random.default_rng(seed)
+    designs = sorted(DESIGNS)
+    rows = []
+    for i in range(n):
+        d = designs[rng.integers(len(designs))]
+        baseline = DESIGNS[d].kind == "baseline"
+        n_p = int(rng.integers(4, 41))
+        n_t = 0 if baseline else int(rng.integers(2, 21))
+        rows.append({"config": i, "design": d, "n_prompt": n_p, "n_token": n_t,
+                     "workload": ["coding", "conversation"][rng.integers(2)],
+                     "model": ["bloom-176b", "llama2-70b"][rng.integers(2)],
+                     "load": float(rng.uniform(0.1, 1.2)),
+                     "arrivals": "replay" if rng.random() < 0.25 else "poisson"})
+    return pd.DataFrame(rows)
+
+
+def capacity_rps(cluster, wl) -> float:
+    """A capacity estimate (req/s): prompt machines / mean prompt time of one request alone
+    on a prompt machine (the prompt pool's saturation rate; decodes also load baselines)."""
+    from splitwise_jax.simulate import timing as st
+    p = np.asarray(wl.prompt_tokens, dtype=np.float64)
+    w = np.asarray(wl.prompt_weights, dtype=np.float64)
+    t = st.exact_iteration_s(cluster.prompt, p, np.ones_like(p), p * p, np.zeros_like(p), np.zeros_like(p))
+    return float(cluster.n_prompt) / float(np.dot(w, t))
+
+
+def _fluid_vs_sim_one(args):
+    cfg, horizon_s, seed = args
+    import jax
+    from splitwise_jax.cluster import evaluate
+    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.evaluate import metrics_to_dict
+    from splitwise_jax.simulate import simulate, trace as trace_mod
+    from splitwise_jax.simulate.trace import RequestTrace
+    from splitwise_jax.workload import workload as load_workload, Workload
+    cluster = make_cluster(cfg["design"], cfg["n_prompt"], cfg["n_token"] or 1.0, model=cfg["model"])
+    wl = load_workload(cfg["workload"])
+    rate = cfg["load"] * capacity_rps(cluster, wl)
+    if cfg["arrivals"] == "replay":
+        from splitwise_jax._paths import azure_trace_csv
+        full = trace_mod.from_csv(azure_trace_csv(cfg["workload"]))
+        # the real inter-arrival pattern, time-compressed to the target rate, over the horizon
+        scale = full.rate_per_s / rate
+        a = (full.arrival_s - full.arrival_s[0]) * scale
+        keep = a < horizon_s
+        tr = RequestTrace.from_arrays(a[keep], full.prompt_tokens[keep], full.output_tokens[keep], name="replay")
+        fluid_wl = Workload.from_trace(pd.DataFrame({"arrival_s": a[keep], "prompt_tokens": full.prompt_tokens[keep],
+                                                     "output_tokens": full.output_tokens[keep]}),
+                                       rate_per_s=rate, arrival="trace", independent=False)
+    else:
+        tr = trace_mod.poisson(wl, rate, horizon_s, seed)
+        fluid_wl = wl.with_rate(rate)
+    t0 = time.perf_counter()
+    fm = metrics_to_dict(jax.jit(evaluate)(cluster, fluid_wl, horizon_s))
+    t1 = time.perf_counter()
+    res = simulate(cluster, tr)
+    t2 = time.perf_counter()
+    sm = res.metrics
+    row = dict(cfg, rate=rate, n_requests=len(tr), fluid_s=t1 - t0, sim_s=t2 - t1,
+               fluid_meets=fm["meets_slo"], sim_meets=sm["meets_slo"])
+    for met in METRICS:
+        for pc in PCTS:
+            row[f"fluid_{met}_{pc}_s"] = fm[f"{met}_s"][pc]
+            row[f"sim_{met}_{pc}_s"] = sm[f"{met}_s"][pc]
+            row[f"err_{met}_{pc}"] = fm[f"{met}_s"][pc] / sm[f"{met}_s"][pc] - 1.0
+    return row
+
+
+def run_fluid_vs_sim(args) -> int:
+    n = 3 if SMOKE else args.n_configs
+    horizon = 30.0 if SMOKE else 120.0
+    configs = random_configs(n, args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+    rows = []
+    tasks = [(r.to_dict(), horizon, args.seed + i) for i, r in configs.iterrows()]
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(args.jobs, initializer=_worker_init, initargs=(False,)) as pool:
+            for row in tqdm(pool.imap_unordered(_fluid_vs_sim_one, tasks), total=len(tasks), desc="configs"):
+                rows.append(row)
+    else:
+        _worker_init(False)
+        for task in tqdm(tasks, desc="configs"):
+            rows.append(_fluid_vs_sim_one(task))
+    total = time.perf_counter() - t0
+    df = pd.DataFrame(rows).sort_values("config")
+    df.to_csv(out / "fluid_vs_sim_runs.csv", index=False)
+    df["load_bin"] = pd.cut(df["load"], [0.0, 0.5, 0.8, 0.95, 1.05, np.inf], right=False).astype(str)
+    lines = ["| load | n | " + " | ".join(f"{m.upper()} {p.upper()}" for p in PCTS for m in METRICS)
+             + " | SLO agree |", "|---|---|" + "---|" * 9 + "---|"]
+    for name, g in [("all", df)] + list(df.groupby("load_bin")):
+        errs = " | ".join(f"{100 * np.median(np.abs(g[f'err_{c}'])):.1f}%" for c in ERR_COLS)
+        lines.append(f"| {name} | {len(g)} | {errs} | {100 * np.mean(g['fluid_meets'] == g['sim_meets']):.0f}% |")
+    per = total / max(len(df), 1)
+    md = [f"# Fluid model vs simulator, calibrated timing ({'SMOKE ' if SMOKE else ''}{len(df)} configurations)", "",
+          "Median |fluid / simulated - 1| per percentile, by offered load (fraction of the prompt pool's "
+          "capacity estimate).", "", "\n".join(lines), "",
+          f"Wall time {total:.0f} s ({per:.1f} s per configuration with {args.jobs} process(es), horizon "
+          f"{horizon:g} s); a full run of {args.n_configs} configurations at a 120 s horizon: about "
+          f"{per * args.n_configs * (120.0 / horizon) / 60:.0f} min (the fluid model's compile is per process, "
+          "so the per-configuration cost falls with more configurations).", ""]
+    (out / "fluid_vs_sim_summary.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("reference", "fluid-vs-sim"), default="reference")
+    ap.add_argument("--validation-dir", help="the shared validation folder (default: ../shared/validation)")
+    ap.add_argument("--out", default=str(OUT_DEFAULT), help="output folder")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    ap.add_argument("--n-configs", type=int, default=200, help="configurations of the fluid-vs-sim mode")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    if a.mode == "reference":
+        return run_reference(a)
+    return run_fluid_vs_sim(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
