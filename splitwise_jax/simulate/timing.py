@@ -11,16 +11,12 @@ batches the run can produce, and the event loop reads Python lists:
   SplitwiseSim times batches of whole tokens, so the lookup is exact: the same function
   at the same arguments, bit for bit (tests/test_simulate.py checks random batches).
 * `GridTiming` (any other strategy, i.e. `CalibratedTiming`, whose time also depends on
-  prompt count, attention work and decode context): the strategy on grids, one vmapped
-  call per grid, then interpolated:
-    - prompt-only: every integer prompt-token count P for one prompt (S = P^2, n = 1),
-      plus first-order terms in the number of prompts n and the attention work S from
-      forward-mode derivatives at the same points;
-    - decode-only: every integer batch size B, linear in the mean context C / B on a
-      log-spaced grid;
-    - mixed: trilinear on (P, B, C / B) with the same first-order terms in n and S.
-  The error against the strategy is measured in tests/test_simulate.py on random
-  batches (stated there); it is far below the profiles' 1-2 % repeat noise.
+  prompt count, attention work and decode context): the strategy on grids (one
+  compiled call, chunked), then interpolated: exact at one prompt of any whole size and
+  at any whole decode batch, with smooth corrections for several prompts and for decodes
+  added to prompts (see the class). The error against the strategy is measured in
+  tests/test_simulate.py on random batches (stated there); it is far below the
+  profiles' 1-2 % repeat noise.
 
 Decode blocks. SplitwiseSim runs a token-only batch as one block of k iterations timed
 once at its start. With a context-dependent model each iteration is longer than the
@@ -81,26 +77,20 @@ def power_w(timing, P, n, S, B, C):
 
 def alone_s(timing, prompt_tokens):
     """(TTFT, TBT) of each request alone on the strategy's machine (the slowdown reference)."""
-    p = jnp.asarray(prompt_tokens, dtype=float)
-    a, b = timing.alone_s(p, p * p)
-    return np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    p = np.asarray(prompt_tokens, dtype=np.float64)
+    if p.size == 0:
+        return np.zeros(0), np.zeros(0)
+    return _chunked(_alone_eval, timing, p)
+
+
+@jax.jit
+def _alone_eval(timing, p):
+    return timing.alone_s(p, p * p)
 
 
 def _is_table(timing) -> bool:
     # SimTableTiming: time depends on (prompt tokens, decode requests) only.
     return hasattr(timing, "table") and hasattr(timing, "power_model")
-
-
-@jax.jit
-def _grid_eval(timing, P, n, S, B, C):
-    """Latency and its derivatives in n and S at grid points (one compiled call)."""
-    def f(n_, S_):
-        return iteration_s(timing, P, n_, S_, B, C)
-
-    t = f(n, S)
-    dn = jax.jvp(lambda x: f(x, S), (n,), (jnp.ones_like(n),))[1]
-    dS = jax.jvp(lambda x: f(n, x), (S,), (jnp.ones_like(S),))[1]
-    return t, dn, dS
 
 
 @jax.jit
@@ -139,7 +129,7 @@ def _chunked(fn, timing, *arrays) -> tuple[np.ndarray, ...]:
             chunk[: seg.size] = seg
             part.append(jnp.asarray(chunk))
         res = fn(timing, *part)
-        res = res if isinstance(res, tuple) else (res,)
+        res = tuple(res) if isinstance(res, (tuple, list)) else (res,)
         if outs is None:
             outs = [[] for _ in res]
         for acc, r in zip(outs, res):
@@ -236,6 +226,18 @@ def _log_grid(lo: float, hi: float, n: int) -> np.ndarray:
 class GridTiming(FastTiming):
     """Interpolated tables of any strategy (CalibratedTiming); see the module docstring.
 
+    The time of an iteration with P prompt tokens in n prompts (attention work S) and B
+    decodes (context sum C = B m) is read as
+
+        F1[P] + dPrompt(P, n, S / P^2) + dDecode(P, B, m)
+
+    with F1 the strategy at one prompt of every integer size P (exact for the common
+    single-prompt batch), dPrompt the change from splitting P into n prompts (trilinear
+    on P x n x S/P^2; n exact up to `N_PROMPTS`, linear beyond) and dDecode the change
+    from adding the decodes (4-linear on P x n x B x m, at n equal prompts). Decode-only batches are exact in B
+    and linear in m. Both differences are smooth where F1 has its sharp features (GEMM
+    efficiency, the all-reduce knee), so coarse grids suffice.
+
     Args:
         timing: the strategy.
         max_tokens: largest prompt tokens of one iteration to tabulate exactly.
@@ -243,12 +245,16 @@ class GridTiming(FastTiming):
         max_context: largest context of one request (prompt + output tokens).
     """
 
-    # Grid sizes: chosen so the interpolation error on random batches stays < 0.3 %
-    # (tests/test_simulate.py measures it); larger grids cost compile and setup time.
+    # Grid sizes: chosen so the interpolation error on random batches stays under ~1 %
+    # at worst and ~0.05 % typically (tests/test_simulate.py measures it); larger grids
+    # cost setup time.
     CTX_POINTS = 48
-    MIX_P_POINTS = 40
-    MIX_B_POINTS = 20
-    MIX_M_POINTS = 16
+    P_POINTS = 48
+    N_PROMPTS = 16
+    U_POINTS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+    B_POINTS = 24
+    M_POINTS = 20
+    MIX_PROMPTS = (1, 2, 4, 8, 16)
 
     def __init__(self, timing, max_tokens: int = 4096, max_batch: int = 512, max_context: int = 32768):
         self.timing = timing
@@ -259,34 +265,38 @@ class GridTiming(FastTiming):
 
     def _build(self) -> None:
         Pmax, Bmax, Mmax = self.max_tokens, self.max_batch, self.max_context
-        # prompt-only, every integer P
+        ev = self._eval
+        # one prompt of every integer size
         x = np.arange(0, Pmax + 1, dtype=np.float64)
-        one, z = np.ones_like(x), np.zeros_like(x)
-        t, dn, dS = self._grid(x, one, x * x, z, z)
-        self._p_t, self._p_dn, self._p_dS = t.tolist(), dn.tolist(), dS.tolist()
-        # decode-only, every integer B x log grid of mean context
+        z = np.zeros_like(x)
+        self._p_t = ev(x, (x > 0) * 1.0, x * x, z, z).tolist()
+        # decode-only: every integer B x log grid of mean context
         m = np.geomspace(1.0, Mmax * 1.05, self.CTX_POINTS)
         b = np.arange(0, Bmax + 1, dtype=np.float64)
         bb, mm = np.meshgrid(b, m, indexing="ij")
         zz = np.zeros_like(bb)
-        t = self._grid(zz, zz, zz, bb, bb * mm)[0].reshape(bb.shape)
         self._d_m = m.tolist()
-        self._d_t = [row.tolist() for row in t]
-        # mixed: trilinear over (P, B, m) with n = 1, S = P^2 and first-order terms
-        gp = np.unique(np.concatenate([[1.0], np.round(np.geomspace(1, Pmax, self.MIX_P_POINTS))]))
-        gb = np.unique(np.concatenate([[1.0], np.round(np.geomspace(1, Bmax, self.MIX_B_POINTS))]))
-        gm = np.geomspace(1.0, Mmax * 1.05, self.MIX_M_POINTS)
-        P3, B3, M3 = np.meshgrid(gp, gb, gm, indexing="ij")
-        t, dn, dS = self._grid(P3, np.ones_like(P3), P3 * P3, B3, B3 * M3)
-        shape = P3.shape
-        self._x_p, self._x_b, self._x_m = gp.tolist(), gb.tolist(), gm.tolist()
-        self._x_t = t.reshape(shape)
-        self._x_dn = dn.reshape(shape)
-        self._x_dS = dS.reshape(shape)
+        self._d_t = [row.tolist() for row in ev(zz, zz, zz, bb, bb * mm)]
+        # splitting P into n prompts with S = u P^2
+        gp = np.unique(np.round(np.geomspace(1, Pmax, self.P_POINTS)))
+        gn = np.arange(1, self.N_PROMPTS + 1, dtype=np.float64)
+        gu = np.asarray(self.U_POINTS)
+        P3, N3, U3 = np.meshgrid(gp, gn, gu, indexing="ij")
+        base = ev(P3, np.ones_like(P3), P3 * P3, 0 * P3, 0 * P3)
+        self._s_p, self._s_n, self._s_u = gp.tolist(), gn.tolist(), gu.tolist()
+        self._s_d = ev(P3, N3, U3 * P3 * P3, 0 * P3, 0 * P3) - base
+        # adding B decodes of mean context m to n equal prompts of P tokens in all
+        gb = np.unique(np.round(np.geomspace(1, Bmax, self.B_POINTS)))
+        gm = np.geomspace(1.0, Mmax * 1.05, self.M_POINTS)
+        gk = np.asarray(self.MIX_PROMPTS, dtype=np.float64)
+        P4, K4, B4, M4 = np.meshgrid(gp, gk, gb, gm, indexing="ij")
+        S4 = P4 * P4 / K4
+        self._x_k, self._x_b, self._x_m = gk.tolist(), gb.tolist(), gm.tolist()
+        self._x_d = ev(P4, K4, S4, B4, B4 * M4) - ev(P4, K4, S4, 0 * P4, 0 * P4)
 
-    def _grid(self, P, n, S, B, C):
+    def _eval(self, P, n, S, B, C):
         shape = np.shape(P)
-        return tuple(o.reshape(shape) for o in _chunked(_grid_eval, self.timing, P, n, S, B, C))
+        return exact_iteration_s(self.timing, P, n, S, B, C).reshape(shape)
 
     @staticmethod
     def _seg(grid: list, x: float) -> tuple[int, float]:
@@ -295,6 +305,13 @@ class GridTiming(FastTiming):
         i = 0 if i < 0 else (len(grid) - 2 if i > len(grid) - 2 else i)
         x0, x1 = grid[i], grid[i + 1]
         return i, (x - x0) / (x1 - x0)
+
+    @staticmethod
+    def _tri(arr: np.ndarray, i: int, wi: float, j: int, wj: float, k: int, wk: float) -> float:
+        c = arr[i:i + 2, j:j + 2, k:k + 2]
+        c = c[0] * (1 - wi) + c[1] * wi
+        c = c[0] * (1 - wj) + c[1] * wj
+        return float(c[0] * (1 - wk) + c[1] * wk)
 
     def _decode(self, B: int, C: float) -> float:
         if B > self.max_batch:
@@ -305,25 +322,28 @@ class GridTiming(FastTiming):
         return row[i] + w * (row[i + 1] - row[i])
 
     def iteration(self, P, n, S, B, C):
-        if B == 0:
-            if P > self.max_tokens:
-                self.max_tokens = 2 * P
-                self._build()
-            return self._p_t[P] + self._p_dn[P] * (n - 1) + self._p_dS[P] * (S - P * P)
         if P == 0:
             return self._decode(B, C)
-        ip, wp = self._seg(self._x_p, P)
-        ib, wb = self._seg(self._x_b, B)
-        im, wm = self._seg(self._x_m, C / B)
-        out = 0.0
-        for arr, scale in ((self._x_t, 1.0), (self._x_dn, n - 1), (self._x_dS, S - P * P)):
-            if scale == 0.0:
-                continue
-            c = arr[ip:ip + 2, ib:ib + 2, im:im + 2]
+        if P > self.max_tokens:
+            self.max_tokens = 2 * P
+            self._build()
+        t = self._p_t[P]
+        if n != 1 or (S != P * P):
+            ip, wp = self._seg(self._s_p, P)
+            i_n, wn = self._seg(self._s_n, n)
+            iu, wu = self._seg(self._s_u, S / (P * P))
+            t += self._tri(self._s_d, ip, wp, i_n, wn, iu, wu)
+        if B:
+            ip, wp = self._seg(self._s_p, P)
+            ik, wk = self._seg(self._x_k, n)
+            ib, wb = self._seg(self._x_b, B)
+            im, wm = self._seg(self._x_m, C / B)
+            c = self._x_d[ip:ip + 2, ik:ik + 2, ib:ib + 2, im:im + 2]
             c = c[0] * (1 - wp) + c[1] * wp
+            c = c[0] * (1 - wk) + c[1] * wk
             c = c[0] * (1 - wb) + c[1] * wb
-            out += scale * float(c[0] * (1 - wm) + c[1] * wm)
-        return out
+            t += float(c[0] * (1 - wm) + c[1] * wm)
+        return t
 
     def decode_block(self, B, C, k):
         t0 = self._decode(B, C)

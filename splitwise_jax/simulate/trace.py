@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 import numpy as np
+import pandas as pd
 
 from splitwise_jax.workload import Workload, load_trace
 
@@ -83,7 +84,10 @@ def from_csv(path: str | os.PathLike) -> RequestTrace:
     Raises:
         ValueError: a malformed file (the message names the file and the problem).
     """
-    df = load_trace(path)
+    try:
+        df = load_trace(path)
+    except pd.errors.ParserError as e:
+        raise ValueError(f"trace {path}: not a CSV trace ({str(e).strip()})") from None
     name = os.path.splitext(os.path.basename(str(path)))[0]
     return RequestTrace(
         arrival_s=df["arrival_s"].to_numpy(np.float64),
