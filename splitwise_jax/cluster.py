@@ -4,11 +4,18 @@ Designs (Splitwise §V):
 * `baseline`: N machines, each running prompts and decodes with mixed continuous
   batching (prompts first), join-the-shortest-queue routing.
 * `splitwise`: a prompt pool (Np machines) and a token pool (Nt machines). Prompts go
-  to the prompt pool; when it saturates (load past `draft_threshold`) the excess is
-  drafted onto token machines, which then run mixed batches (the paper's mixed pool).
-  Decodes go to the token pool; when its KV memory is full the excess decodes on
-  prompt machines (mixed pool again). The KV cache moves from the prompt machine to
-  the token machine, serialized or layer-wise.
+  to the prompt pool; a prompt is drafted onto a token machine (the paper's mixed
+  pool) when the least-loaded prompt machine's queue would pass `draft_pending_tokens`,
+  which happens to large prompts in bursts well below saturation. The token machine is
+  chosen at arrival and reserves the request's whole KV cache from then on; when the
+  token pool's reservations are full the decode runs on a prompt machine (mixed pool
+  again). The KV cache moves from the prompt machine to the token machine, serialized
+  or layer-wise.
+
+`evaluate` reads as its stages: request classes -> pool flows (who runs where, each
+pool's steady state and wait law) -> latency components per route, class and number
+of prompt iterations a decode sits through -> percentiles -> throughput, power, cost
+and status (docs/cluster.md derives each).
 
 Each pool is a fluid model of continuous batching (pool.py) plus a c-server queue for
 prompts (queueing.py). Latency percentiles are percentiles of the mixture over request
@@ -35,9 +42,10 @@ from jax.scipy.stats import norm
 from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.pool import _MEMORY_P, PoolState, pool_state, pool_state_at
+from splitwise_jax.pool import PoolState, pool_state
 from splitwise_jax.quantiles import mixture_quantiles
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.timing import PhaseTiming
 from splitwise_jax.workload import Workload
 
 _STATIC = dict(static=True)
@@ -67,22 +75,23 @@ class Transfer:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Scheduling:
-    """Scheduler knobs (floats are traced).
+    """Scheduler knobs (floats are traced). Defaults are SplitwiseSim's settings
+    (shared/validation/README.md and its scheduler configuration).
 
     Attributes:
-        draft_threshold: prompt-pool load above which prompts overflow to token
-            machines. SplitwiseSim drafts when the least-loaded prompt machine has
-            >8,192 tokens pending, which starts before saturation; 0.9 was chosen
-            between 0.9 and 1.0 by the reference runs at 110 req/s (docs/cluster.md).
-        draft_temperature: smoothness of that overflow (load units).
+        max_batch_tokens: tokens one iteration may carry (prompt tokens + one per
+            decode); a larger prompt runs alone and the decodes wait (2,048).
+        draft_pending_tokens: a prompt is drafted onto a token machine (the mixed pool)
+            when the least-loaded prompt machine has a queue and its pending tokens plus
+            this prompt would exceed this (8,192).
         memory_reserve_frac: HBM fraction not available to the KV cache.
         service_jitter_rel: relative spread given to each class's deterministic
             latency (the width of a workload bin and the profiles' ~1-2% repeat noise);
             it also turns CDF steps into slopes so percentiles have gradients.
     """
 
-    draft_threshold: jax.Array | float = 0.9
-    draft_temperature: jax.Array | float = 0.03
+    max_batch_tokens: jax.Array | float = 2048.0
+    draft_pending_tokens: jax.Array | float = 8192.0
     memory_reserve_frac: jax.Array | float = 0.0
     service_jitter_rel: jax.Array | float = 0.03
 
@@ -104,9 +113,9 @@ class Cluster:
         name: design name (static).
     """
 
-    prompt: object
-    token: object
-    alone: object
+    prompt: PhaseTiming
+    token: PhaseTiming
+    alone: PhaseTiming
     n_prompt: jax.Array | float
     n_token: jax.Array | float
     transfer: Transfer
@@ -159,13 +168,58 @@ class ClusterMetrics(NamedTuple):
     rho_token_pool: jax.Array      # prompt load drafted onto token machines
     batch_prompt_pool: jax.Array
     batch_token_pool: jax.Array
-    memory_pressure: jax.Array     # decode batch needed / batch that fits (token pool)
+    memory_pressure: jax.Array     # KV memory asked for / memory there (token pool; baseline: all)
     mixed_prompt_frac: jax.Array   # prompts drafted onto token machines
     mixed_decode_frac: jax.Array   # decodes moved to prompt machines
     status: jax.Array
 
 
-def _classes(wl: Workload):
+# Components of the count mixture: 0, 1, ..., _EXACT_COUNTS - 1 prompt iterations a
+# decode sits through, exactly, plus one lumped component for all larger counts (its
+# conditional mean and variance; for long decodes it is the old Gaussian sum).
+_EXACT_COUNTS = 4
+
+
+class Classes(NamedTuple):
+    """Request classes of a workload: K prompt sizes x M output sizes."""
+
+    p: jax.Array          # (K,) prompt tokens
+    p_sq: jax.Array       # (K,)
+    o: jax.Array          # (M,) output tokens
+    w: jax.Array          # (K, M) joint probability
+    wp: jax.Array         # (K,) prompt marginal
+    iters: jax.Array      # (M,) decode iterations o - 1
+    mean_iters: jax.Array
+    ctx: jax.Array        # mean KV context of a decoding request (tokens)
+
+
+class PromptRoute(NamedTuple):
+    state: PoolState
+    wait: WaitModel
+    weight: jax.Array     # (K,) share of each prompt class taking this route
+
+
+class DecodeRoute(NamedTuple):
+    state: PoolState
+    weight: jax.Array     # share of decodes taking this route
+    transfer_s: jax.Array  # (K,) KV transfer before the decode
+    join_s: jax.Array     # wait to join the running batch
+
+
+class Flows(NamedTuple):
+    """Who runs where: each pool's steady state and each route's share."""
+
+    prompt_routes: tuple
+    decode_routes: tuple
+    st_p: PoolState
+    st_t: PoolState | None
+    drafted: jax.Array        # (K,) share of each prompt class drafted onto token machines
+    moved: jax.Array          # share of decodes run on prompt machines
+    memory_pressure: jax.Array
+    loads: tuple              # saturation measures (1 = full) that cap throughput
+
+
+def _classes(wl: Workload) -> Classes:
     p = jnp.asarray(wl.prompt_tokens, float)
     o = jnp.asarray(wl.output_tokens, float)
     w = jnp.asarray(wl.weights, float)
@@ -174,24 +228,197 @@ def _classes(wl: Workload):
     mean_iters = jnp.sum(w * iters[None, :])
     # Context of a decoding request, averaged over its decode iterations.
     ctx = jnp.sum(w * iters[None, :] * (p[:, None] + 0.5 * o[None, :])) / jnp.maximum(mean_iters, 1e-9)
-    return p, o, w, wp, iters, mean_iters, ctx
+    return Classes(p, p * p, o, w, wp, iters, mean_iters, ctx)
 
 
-def _batch_cap(timing, cluster: Cluster, ctx):
-    cap_tokens = memory.kv_capacity_tokens(timing.llm, timing.machine, reserve_frac=cluster.scheduling.memory_reserve_frac,
-                                           ignore_gqa=cluster.transfer.ignore_gqa)
-    return cap_tokens / ctx
+def _kv_capacity_tokens(timing: PhaseTiming, cluster: "Cluster"):
+    return memory.kv_capacity_tokens(timing.llm, timing.machine, reserve_frac=cluster.scheduling.memory_reserve_frac,
+                                     ignore_gqa=cluster.transfer.ignore_gqa)
 
 
-def _transfer_s(cluster: Cluster, p, prompt_s):
+def _transfer_s(cluster: "Cluster", p, prompt_s):
     tr = cluster.transfer
-    nbytes = kv_transfer.kv_transfer_bytes(cluster.prompt.llm, p, tr.ignore_gqa)
-    total = nbytes / tr.bandwidth_bytes_per_s
-    if tr.mode == "serialized":
-        return tr.setup_s + total
-    L = cluster.prompt.llm.n_layers
-    excess = softplus(total * (L - 1) / L - prompt_s * (L - 1) / L, 1e-3)
-    return tr.setup_s + total / L + excess
+    nbytes = p * memory.kv_bytes_per_token(cluster.prompt.llm, tr.ignore_gqa)
+    return kv_transfer.visible_transfer_s(nbytes, tr.bandwidth_bytes_per_s, tr.setup_s, cluster.prompt.llm.n_layers,
+                                          prompt_s, tr.mode)
+
+
+def _mean_busy_wait(wm: WaitModel, res: "Resolution"):
+    """E[W | the arrival waits], integrating the tabulated survival function."""
+    tab = _busy_table(wm, res)
+    xs = jnp.exp(tab.log_x0 + tab.dlog * jnp.arange(tab.values.shape[0]))
+    surv = 1.0 - tab.values
+    return jnp.sum(0.5 * (surv[1:] + surv[:-1]) * jnp.diff(xs)) + xs[0] * 0.5
+
+
+def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling, res: "Resolution"):
+    """Share of each prompt class drafted onto token machines.
+
+    SplitwiseSim drafts a prompt of p tokens when the least-loaded prompt machine has a
+    queue and p_running + queued + p > draft_pending_tokens. With JSQ by pending work
+    the least-loaded machine holds the per-machine work W an arrival waits for, i.e.
+    W / tau queued tokens (tau = s per prompt token); "has a queue" is W > E[S] (all
+    machines have one waiting: in M/M/c, P(W > E[S]) = C exp(-c(1-rho)) ~ C rho^c =
+    P(N >= 2c)). So x_k = P(W > max(E[S], (D - E[p] - p_k) tau)).
+    """
+    mean_p = jnp.dot(cls.wp, cls.p)
+    tau = st.mean_prompt_s / jnp.maximum(mean_p, 1.0)
+    w_k = smooth_max_pos(st.mean_prompt_s, softplus(sched.draft_pending_tokens - mean_p - cls.p, 64.0) * tau, 8.0)
+    return wm.p_wait * (1.0 - wait_cdf_busy(w_k, wm, res.window_points))
+
+
+def _overflow_share(demand, var, per_request, capacity):
+    """Share f of requests whose reservation finds the token pool full.
+
+    Reservations in flight form an M/G/infinity shot noise: mean (1 - f) demand,
+    variance (1 - f) var (demand = lambda E[m s], var = lambda E[m^2 s]); a request
+    overflows when the (balanced) pool cannot take its m tokens:
+    f = P(R + m > capacity). The right side falls as f rises, so the root is unique;
+    bisection with an implicit-function gradient (one Newton step of zero value).
+    """
+    def g(f):
+        z = ((1.0 - f) * demand + per_request - capacity) / jnp.sqrt((1.0 - f) * var + 1e-12 * capacity**2)
+        return f - norm.cdf(z)
+
+    lo, hi = jnp.zeros_like(demand), jnp.ones_like(demand)
+
+    def bisect(_, ab):
+        a, b = ab
+        m = 0.5 * (a + b)
+        neg = jax.lax.stop_gradient(g(m)) < 0
+        return jnp.where(neg, m, a), jnp.where(neg, b, m)
+
+    a, b = jax.lax.fori_loop(0, 40, bisect, (lo, hi))
+    f0 = jax.lax.stop_gradient(0.5 * (a + b))
+    val, slope = jax.jvp(g, (f0,), (jnp.ones_like(f0),))
+    return f0 - (val - jax.lax.stop_gradient(val)) / jax.lax.stop_gradient(jnp.maximum(slope, 1e-6))
+
+
+def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
+    P = cluster.prompt
+    n_p = jnp.asarray(cluster.n_prompt, float)
+    cap_P = _kv_capacity_tokens(P, cluster) / cls.ctx
+    mbt = cluster.scheduling.max_batch_tokens
+    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt)
+    wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
+    zero = jnp.zeros_like(cls.p)
+    pressure = st.batch_need / cap_P
+    return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (DecodeRoute(st, jnp.asarray(1.0), zero, 0.0),),
+                 st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
+
+
+def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: "Resolution") -> Flows:
+    P, T, sched = cluster.prompt, cluster.token, cluster.scheduling
+    n_p = jnp.asarray(cluster.n_prompt, float)
+    n_t = jnp.asarray(cluster.n_token, float)
+    mbt = sched.max_batch_tokens
+    cap_tok_P = _kv_capacity_tokens(P, cluster)
+    cap_tok_T = _kv_capacity_tokens(T, cluster)
+    cap_P, cap_T = cap_tok_P / cls.ctx, cap_tok_T / cls.ctx
+    pool = dict(p_tok=cls.p, p_sq=cls.p_sq, mean_decode_iters=cls.mean_iters, ctx_tokens=cls.ctx,
+                max_batch_tokens=mbt)
+
+    # 1. Drafting, from the prompt pool as if it took every prompt and no decodes.
+    st_p0 = pool_state(P, n_p, lam, cls.wp, decode_rate=0.0, batch_cap=cap_P, **pool)
+    wm_p0 = wait_model(lam, st_p0.mean_prompt_s, st_p0.scv_prompt, n_p, ca2, horizon_s)
+    x_k = _drafted_share(wm_p0, st_p0, cls, sched, res) * (n_t / (n_t + 1e-3))
+    x_tot = jnp.dot(cls.wp, x_k)
+    w_t = (cls.wp * x_k + 1e-12 * cls.wp) / (x_tot + 1e-12)
+    w_p = (cls.wp * (1.0 - x_k) + 1e-12 * cls.wp) / (1.0 - x_tot + 1e-12)
+
+    # 2. Token-pool KV reservations: each request reserves (p + 1 + o) tokens on its
+    #    token machine from arrival (the machine is chosen with the prompt's) to its
+    #    last token. Sojourn from the prompt pool's wait and the token pool's step time.
+    st_t0 = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam, batch_cap=1e3 * cap_T, **pool)
+    mean_wait = wm_p0.p_wait * _mean_busy_wait(wm_p0, res)
+    kv0 = _transfer_s(cluster, cls.p, st_p0.prompt_s)
+    sojourn = (mean_wait + st_p0.prompt_s + kv0)[:, None] + cls.iters[None, :] * st_t0.step_s
+    m_tok = cls.p[:, None] + 1.0 + cls.o[None, :]
+    demand = lam * jnp.sum(cls.w * m_tok * sojourn)
+    var = lam * jnp.sum(cls.w * m_tok**2 * sojourn)
+    capacity = n_t * cap_tok_T
+    f = _overflow_share(demand, var, jnp.sum(cls.w * m_tok), capacity) * (n_p / (n_p + 1e-3))
+
+    # 3. The pools with their final flows.
+    st_t = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam * (1.0 - f), batch_cap=cap_T, **pool)
+    st_p = pool_state(P, n_p, lam * (1.0 - x_tot), w_p, decode_rate=lam * f, batch_cap=cap_P, **pool)
+    wm_p = wait_model(lam * (1.0 - x_tot), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
+    wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
+    kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
+    prompt_routes = (PromptRoute(st_p, wm_p, 1.0 - x_k), PromptRoute(st_t, wm_t, x_k))
+    decode_routes = (DecodeRoute(st_t, 1.0 - f, kv, 0.5 * st_t.decode_s),
+                     DecodeRoute(st_p, f, kv, 0.5 * st_p.decode_s))
+    pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
+    loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need / cap_T, st_p.batch_need / cap_P)
+    return Flows(prompt_routes, decode_routes, st_p, st_t, x_k, f, pressure, loads)
+
+
+def _count_mixture(lam):
+    """Poisson(lam) as _EXACT_COUNTS exact atoms plus one lumped tail: weights, means and
+    variances of the count, each (_EXACT_COUNTS + 1, *lam.shape).
+
+    Tail moments from E[N 1{N >= a}] = lam P(N >= a - 1) and
+    E[N(N - 1) 1{N >= a}] = lam^2 P(N >= a - 2), with P(N >= a) = gammainc(a, lam).
+    """
+    a = _EXACT_COUNTS
+    n = jnp.arange(a, dtype=lam.dtype).reshape((a,) + (1,) * lam.ndim)
+    log_lam = jnp.log(jnp.maximum(lam, 1e-30))
+    exact = jnp.exp(n * log_lam - lam - jax.scipy.special.gammaln(n + 1.0))
+    tail = jax.scipy.special.gammainc(float(a), lam)
+    m1 = lam * jax.scipy.special.gammainc(float(a - 1), lam)
+    m2 = lam**2 * jax.scipy.special.gammainc(float(a - 2), lam) + m1
+    ok = tail > 1e-30
+    safe_tail = jnp.where(ok, tail, 1.0)
+    mean_t = jnp.where(ok, jnp.maximum(m1 / safe_tail, a), float(a))
+    var_t = jnp.where(ok, jnp.maximum(m2 / safe_tail - mean_t**2, 0.0), 0.0)
+    weights = jnp.concatenate([exact, tail[None]], axis=0)
+    means = jnp.concatenate([jnp.broadcast_to(n, exact.shape), mean_t[None]], axis=0)
+    variances = jnp.concatenate([jnp.zeros_like(exact), var_t[None]], axis=0)
+    return weights, means, variances
+
+
+def _components(cluster, cls: Classes, flows: Flows, res: "Resolution"):
+    """Mixture components of every metric: per (prompt route, decode route) a block of
+    shape (J, K, M) over counts of prompt iterations sat through, prompt and output
+    classes; every metric uses the same block shape, so one vmapped percentile solver
+    serves all six (three metrics, as times and as slowdowns): one copy to compile."""
+    jit_rel = cluster.scheduling.service_jitter_rel
+    a_ttft, a_tbt = cluster.alone.alone_s(cls.p, cls.p_sq)
+    a_e2e = a_ttft[:, None] + a_tbt[:, None] * cls.iters[None, :]
+    o = cls.o[None, None, :]
+    blocks = {"ttft": [], "tbt": [], "e2e": []}
+    tables, weights = [], []
+    for pr in flows.prompt_routes:
+        s_k = (pr.state.residual_s + pr.state.prompt_s)[None, :, None]
+        table = _busy_table(pr.wait, res)
+        for dr in flows.decode_routes:
+            st = dr.state
+            lam = cls.iters[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]   # (K, M)
+            cw, cm, cv = _count_mixture(lam)                                                  # (J, K, M)
+            dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
+                   + cm * st.interf_mean_s)
+            dec_var = cm * st.interf_var_s2 + cv * st.interf_mean_s**2
+            ttft = jnp.broadcast_to(s_k, dec.shape)
+            e2e = s_k + dec
+            tbt = dec / o
+            blocks["ttft"].append((ttft, jit_rel * ttft))
+            blocks["e2e"].append((e2e, jnp.sqrt((jit_rel * e2e) ** 2 + dec_var)))
+            blocks["tbt"].append((tbt, jnp.sqrt((jit_rel * tbt) ** 2 + dec_var / o**2)))
+            tables.append(table)
+            weights.append(pr.weight[None, :, None] * dr.weight * cls.w[None] * cw)
+    weights = jnp.stack(weights)
+    tabs = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *tables)
+    no_wait = tabs._replace(p_wait=jnp.zeros_like(tabs.p_wait))
+    ones = jnp.ones_like(weights)
+    variants = []
+    for metric, scale in (("ttft", ones), ("tbt", ones), ("e2e", ones), ("ttft", ones * a_ttft[None, None, :, None]),
+                          ("tbt", ones * a_tbt[None, None, :, None]), ("e2e", ones * a_e2e[None, None])):
+        shift = jnp.stack([b_[0] for b_ in blocks[metric]])
+        sd = jnp.stack([b_[1] for b_ in blocks[metric]])
+        variants.append((shift, sd, weights, scale, no_wait if metric == "tbt" else tabs))
+    # (R, J, K, M) -> (R, J K, M): each route's wait law applies to all its components.
+    flat = [tuple(v.reshape(v.shape[0], -1, v.shape[-1]) for v in var[:4]) + (var[4],) for var in variants]
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *flat)
 
 
 def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):
@@ -240,7 +467,7 @@ def _busy_cdf(x, tab: _BusyTable):
 def _quantiles(shift, sd, weight, scale, tabs: _BusyTable, res: "Resolution"):
     """P50/P90/P99 of sum_j weight_j P((W_r + shift_j + noise_j) / scale_j <= t).
 
-    Arrays are (R, K, M): routes x prompt classes x output classes; `tabs` holds each
+    Arrays are (R, C, M): routes x components x output classes; `tabs` holds each
     route's wait law. The noise is logistic with the scale of a normal of s.d. `sd`
     (1.702 matches the normal's slope at the median): cheaper than erf, equally smooth.
     """
@@ -261,6 +488,27 @@ def _quantiles(shift, sd, weight, scale, tabs: _BusyTable, res: "Resolution"):
     return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), lo, hi, res.grid_points, res.refine_iters)
 
 
+def _totals(cluster, cls: Classes, flows: Flows, lam):
+    """Throughput (the offered rate, scaled down by the worst saturation), power, cost."""
+    worst = flows.loads[0]
+    for l_ in flows.loads[1:]:
+        worst = smooth_max_pos(worst, l_, 16.0)
+    throughput = lam / smooth_max_pos(1.0, worst, 16.0)
+    mean_p = jnp.dot(cls.wp, cls.p)
+    mean_p2 = jnp.dot(cls.wp, cls.p_sq)
+    P, T = cluster.prompt, cluster.token
+    n_p = jnp.asarray(cluster.n_prompt, float)
+    power_w = _pool_power_w(P, n_p, flows.st_p, mean_p, mean_p2, cls.ctx)
+    cost = n_p * P.machine.cost_per_hour
+    prov = n_p * power.provisioned_power_w(P.machine, P.cap_frac)
+    if flows.st_t is not None:
+        n_t = jnp.asarray(cluster.n_token, float)
+        power_w = power_w + _pool_power_w(T, n_t, flows.st_t, mean_p, mean_p2, cls.ctx)
+        cost = cost + n_t * T.machine.cost_per_hour
+        prov = prov + n_t * power.provisioned_power_w(T.machine, T.cap_frac)
+    return throughput, power_w, cost, prov
+
+
 def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SLO,
              resolution: Resolution = Resolution()) -> ClusterMetrics:
     """Predict a cluster's latency percentiles, SLO verdict, throughput, power and cost.
@@ -276,123 +524,33 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
     Returns:
         ClusterMetrics.
     """
-    sched = cluster.scheduling
     lam = jnp.asarray(workload.rate_per_s, float)
     ca2 = jnp.asarray(workload.arrival_cv2, float)
-    p, o, w, wp, iters, mean_iters, ctx = _classes(workload)
-    p_sq = p * p
-    P, T = cluster.prompt, cluster.token
-    n_p = jnp.asarray(cluster.n_prompt, float)
-    cap_P = _batch_cap(P, cluster, ctx)
-
+    cls = _classes(workload)
     if cluster.kind == "baseline":
-        st_p = pool_state(P, n_p, lam, wp, p, p_sq, lam, mean_iters, ctx, cap_P)
-        w_p = wait_model(lam, st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
-        prompt_routes = [(st_p, w_p, 1.0)]
-        decode_routes = [(st_p, 1.0)]
-        kv = jnp.zeros_like(p)
-        join = 0.0
-        x = f = jnp.asarray(0.0)
-        st_t = None
-        pressure = st_p.batch_need / cap_P
-        n_t = jnp.asarray(0.0)
+        flows = _baseline_flows(cluster, cls, lam, ca2, horizon_s)
     else:
-        n_t = jnp.asarray(cluster.n_token, float)
-        cap_T = _batch_cap(T, cluster, ctx)
-        e_s0 = jnp.dot(wp, P.iteration_s(Batch.prompts(p)))
-        rho0 = lam * e_s0 / jnp.maximum(n_p, 1e-6)
-        x = softplus(rho0 - sched.draft_threshold, sched.draft_temperature) / jnp.maximum(rho0, 1e-9)
-        x = smooth_min_one(x, 0.01) * (n_t / (n_t + 1e-3))
-        # Token pool without a memory limit, then held to what fits: the decodes that do
-        # not fit (Little's law at the capped batch) move to prompt machines. "Without a
-        # limit" is 1000x the memory: past the token pool's decode capacity Little's law
-        # has no fixed point and the Newton solve runs to this ceiling; at 1e12 the phase
-        # model overflowed there in float32 (NaN for every metric) and memory_pressure
-        # read 1e10. b_t is unchanged (smooth_min_pos of anything >> cap_T is cap_T).
-        need = pool_state(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, 1e3 * cap_T).batch
-        b_t = smooth_min_pos(need, cap_T, _MEMORY_P)
-        st_t = pool_state_at(T, n_t, lam * x, wp, p, p_sq, lam, mean_iters, ctx, b_t)
-        f = jnp.clip(1.0 - b_t / jnp.maximum(st_t.batch_need, 1e-12), 0.0, 1.0) * (n_p / (n_p + 1e-3))
-        st_p = pool_state(P, n_p, lam * (1.0 - x), wp, p, p_sq, lam * f, mean_iters, ctx, cap_P)
-        w_p = wait_model(lam * (1.0 - x), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
-        w_t = wait_model(lam * x, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
-        prompt_routes = [(st_p, w_p, 1.0 - x), (st_t, w_t, x)]
-        decode_routes = [(st_t, 1.0 - f), (st_p, f)]
-        kv = _transfer_s(cluster, p, st_p.prompt_s)
-        pressure = need / cap_T
+        flows = _splitwise_flows(cluster, cls, lam, ca2, horizon_s, resolution)
 
-    jit_rel = sched.service_jitter_rel
-    a_ttft, a_tbt = cluster.alone.alone_s(p, p_sq)
-    a_e2e = a_ttft[:, None] + a_tbt[:, None] * iters[None, :]
-
-    # Mixture components, one (K, M) block per (prompt route, decode route); every metric
-    # uses the same block shape so one vmapped percentile solver serves all six
-    # (three metrics, as times and as slowdowns): one copy to compile.
-    blocks = {"ttft": [], "tbt": [], "e2e": []}
-    route_tables = []
-    route_weights = []
-    for st, wm, wr in prompt_routes:
-        s_k = st.residual_s + st.prompt_s
-        table = _busy_table(wm, resolution)
-        for st_d, wd in decode_routes:
-            join = 0.5 * st_d.decode_s if cluster.kind != "baseline" else 0.0
-            dec = kv[:, None] + join + iters[None, :] * st_d.tbt_mean_s
-            dec_var = iters[None, :] * st_d.tbt_var_s2
-            ttft_shift = jnp.broadcast_to(s_k[:, None], dec.shape)
-            e2e_shift = s_k[:, None] + dec
-            tbt_shift = dec / o[None, :]
-            blocks["ttft"].append((ttft_shift, jit_rel * ttft_shift))
-            blocks["e2e"].append((e2e_shift, jnp.sqrt((jit_rel * e2e_shift) ** 2 + dec_var)))
-            blocks["tbt"].append((tbt_shift, jnp.sqrt((jit_rel * tbt_shift) ** 2 + dec_var / o[None, :] ** 2)))
-            route_tables.append(table)
-            route_weights.append(wr * wd * w)
-    weights = jnp.stack(route_weights)
-    tabs = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *route_tables)
-    no_wait = tabs._replace(p_wait=jnp.zeros_like(tabs.p_wait))
-    ones = jnp.ones_like(weights)
-    variants = []
-    for metric, scale in (("ttft", ones), ("tbt", ones), ("e2e", ones),
-                          ("ttft", ones * a_ttft[:, None]), ("tbt", ones * a_tbt[:, None]), ("e2e", ones * a_e2e)):
-        shift = jnp.stack([b_[0] for b_ in blocks[metric]])
-        sd = jnp.stack([b_[1] for b_ in blocks[metric]])
-        variants.append((shift, sd, weights, scale, no_wait if metric == "tbt" else tabs))
-    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *variants)
+    stacked = _components(cluster, cls, flows, resolution)
     out = jax.vmap(lambda v: _quantiles(*v, resolution))(stacked)
     ttft, tbt, e2e, sd_ttft, sd_tbt, sd_e2e = (out[i] for i in range(6))
     slowdowns = jnp.stack([sd_ttft, sd_tbt, sd_e2e])
     margin = jnp.log(jnp.asarray(slo, float) / slowdowns)
-    meets = jnp.all(margin > 0)
 
-    # Throughput: the offered rate, scaled down by the worst saturation.
-    loads = [st_p.rho_prompt, pressure]
-    if st_t is not None:
-        loads.append(st_t.rho_prompt)
-        loads.append(st_p.batch_need / cap_P)
-    worst = loads[0]
-    for l_ in loads[1:]:
-        worst = smooth_max_pos(worst, l_, 16.0)
-    throughput = lam / smooth_max_pos(1.0, worst, 16.0)
-
-    mean_p = jnp.dot(wp, p)
-    mean_p2 = jnp.dot(wp, p_sq)
-    power_w = _pool_power_w(P, n_p, st_p, mean_p, mean_p2, ctx)
-    cost = n_p * P.machine.cost_per_hour
-    prov = n_p * power.provisioned_power_w(P.machine, P.cap_frac)
-    if st_t is not None:
-        power_w = power_w + _pool_power_w(T, n_t, st_t, mean_p, mean_p2, ctx)
-        cost = cost + n_t * T.machine.cost_per_hour
-        prov = prov + n_t * power.provisioned_power_w(T.machine, T.cap_frac)
+    throughput, power_w, cost, prov = _totals(cluster, cls, flows, lam)
+    st_p, st_t = flows.st_p, flows.st_t
     rho_t = st_t.rho_prompt if st_t is not None else jnp.asarray(0.0)
     batch_t = st_t.batch if st_t is not None else jnp.asarray(0.0)
-
-    status = (1.0 * (st_p.rho_prompt > 1.0) + 2.0 * (rho_t > 1.0) + 4.0 * (pressure > 1.0)
-              + 8.0 * ((x > 0.05) | (f > 0.05)))
+    x_tot = jnp.dot(cls.wp, flows.drafted)
+    status = (1.0 * (st_p.rho_prompt > 1.0) + 2.0 * (rho_t > 1.0) + 4.0 * (flows.memory_pressure > 1.0)
+              + 8.0 * ((x_tot > 0.05) | (flows.moved > 0.05)))
     return ClusterMetrics(
         ttft_s=ttft, tbt_s=tbt, e2e_s=e2e,
         slowdown_ttft=sd_ttft, slowdown_tbt=sd_tbt, slowdown_e2e=sd_e2e,
-        slo_margin=margin, meets_slo=meets, throughput_rps=throughput,
+        slo_margin=margin, meets_slo=jnp.all(margin > 0), throughput_rps=throughput,
         cost_per_hour=cost, power_kw=power_w / 1e3, provisioned_power_kw=prov / 1e3,
         rho_prompt_pool=st_p.rho_prompt, rho_token_pool=rho_t,
-        batch_prompt_pool=st_p.batch, batch_token_pool=batch_t, memory_pressure=pressure,
-        mixed_prompt_frac=x, mixed_decode_frac=f, status=status,
+        batch_prompt_pool=st_p.batch, batch_token_pool=batch_t, memory_pressure=flows.memory_pressure,
+        mixed_prompt_frac=x_tot, mixed_decode_frac=flows.moved, status=status,
     )

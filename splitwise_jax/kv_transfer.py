@@ -43,6 +43,27 @@ def kv_transfer_bytes(llm: LLM, prompt_tokens, ignore_gqa: bool = False):
     return prompt_tokens * kv_bytes_per_token(llm, ignore_gqa)
 
 
+def visible_transfer_s(nbytes, bandwidth_bytes_per_s, setup_s, n_layers: int, prompt_s, mode: str):
+    """Visible time of moving `nbytes` of KV cache (s): the one home of both formulas.
+
+    Args:
+        nbytes: bytes of KV cache (any shape).
+        bandwidth_bytes_per_s: bytes/s of the transfer.
+        setup_s: fixed cost per transfer (s).
+        n_layers: layers of the model (layer-wise mode overlaps all but the last).
+        prompt_s: the prompt iteration's time (s) the layer-wise transfer overlaps.
+        mode: "serialized" or "layerwise" (static).
+    """
+    total = nbytes / bandwidth_bytes_per_s
+    if mode == "serialized":
+        return setup_s + total
+    if mode != "layerwise":
+        raise ValueError(f"mode must be 'serialized' or 'layerwise', got {mode!r}")
+    L = n_layers
+    excess = softplus(total * (L - 1) / L - prompt_s * (L - 1) / L, _EXCESS_TEMPERATURE_S)
+    return setup_s + total / L + excess
+
+
 def serialized_transfer_s(params: PhaseParams, src: Machine, dst: Machine, llm: LLM, prompt_tokens, *,
                           bandwidth_bytes_per_s=None, tp: int | None = None):
     """Visible time of a transfer that starts after the prompt ends (s)."""
@@ -50,7 +71,8 @@ def serialized_transfer_s(params: PhaseParams, src: Machine, dst: Machine, llm: 
     if bandwidth_bytes_per_s is not None:
         check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s, unit="bytes/s")
     bw = kv_transfer_bandwidth(params, src, dst, tp) if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
-    return src.kv_setup_s + kv_transfer_bytes(llm, prompt_tokens) / bw
+    return visible_transfer_s(kv_transfer_bytes(llm, prompt_tokens), bw, src.kv_setup_s, llm.n_layers, 0.0,
+                              "serialized")
 
 
 def layerwise_transfer_s(params: PhaseParams, src: Machine, dst: Machine, llm: LLM, prompt_tokens, prompt_s, *,
@@ -65,7 +87,5 @@ def layerwise_transfer_s(params: PhaseParams, src: Machine, dst: Machine, llm: L
     if bandwidth_bytes_per_s is not None:
         check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s, unit="bytes/s")
     bw = kv_transfer_bandwidth(params, src, dst, tp) if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
-    L = llm.n_layers
-    total = kv_transfer_bytes(llm, prompt_tokens) / bw
-    excess = softplus(total * (L - 1) / L - prompt_s * (L - 1) / L, _EXCESS_TEMPERATURE_S)
-    return src.kv_setup_s + total / L + excess
+    return visible_transfer_s(kv_transfer_bytes(llm, prompt_tokens), bw, src.kv_setup_s, llm.n_layers, prompt_s,
+                              "layerwise")

@@ -1,24 +1,44 @@
 """One pool of identical machines as a fluid model of continuous batching.
 
-Each machine receives prompts (served with priority, one iteration each) and decoding
-requests (one token per iteration while they hold KV memory). In steady state:
+Each machine receives prompts (served first, whole, at most `max_batch_tokens` tokens per
+iteration) and decoding requests (one token per iteration while they hold KV memory).
+Per machine, in steady state:
 
-    rho_p  = lambda_p E[T_prompt(B)]                      prompt busy fraction
-    r      = rho_p / E[T_prompt] + (1 - rho_p) / t_d(B)   iterations per second
-    B      = lambda_d E[o - 1] / r                        Little's law, capped by memory
+    busy   = min(lambda_p E[T_prompt], 1)              fraction of time in prompt iterations
+    nu     = phi(B) busy / E[T_prompt]                 prompt iterations a decoder sits through, per s
+    step   = t_d(B) + e,  e = t_d nu E[X] / (1 - nu E[X])   time per decode iteration
+    B      = lambda_d E[o - 1] step                    Little's law, capped by memory
 
-where T_prompt(B) is a prompt iteration carrying B decodes (a mixed iteration: the
-decodes ride along; with probability exp(-B) there are none) and t_d(B) a decode-only
-iteration. A decoding request sees iterations of mean 1/r; the fraction of them that are
-prompt iterations gives the variance of its time between tokens (MODELING.md: mixed
-batching interference; Splitwise Figs. 2 and 16). The fixed point is found by damped
-Newton iteration in log B with a fixed trip count, so it is jit/vmap/grad-able
-(gradients flow through the unrolled iterations, which converge to machine precision). A pool with no decode
-traffic is a prompt pool (B = 0); one with no prompts is a token pool.
+* Routing by fewest pending tokens (SplitwiseSim's token-JSQ and mixed-pool schedulers)
+  sends a prompt to the machine with the fewest pending tokens; prompt tokens dominate,
+  so a prompt lands on a machine with no prompt queued and the fewest decoding
+  requests. With JSQ keeping the decoders balanced, that machine holds about
+  floor(B + U) of them for U uniform on (-1/2, 1/2), i.e. max(B - 1/2, 0) on average
+  (smoothed with `_JSQ_TEMPERATURE`), instead of B under random routing. `phi(B)` is
+  that ratio: 0 at light load (prompts always find a machine without decoders), -> 1 at
+  large B. Checked against the reference runs' per-request data (docs/cluster.md §3b):
+  chosen-machine decoders 0.15 / 0.79 / 1.1 / 2.4 / 4.0 / 25.0 observed where
+  B = 0.68 / 1.32 / 1.6 / 2.75 / 4.28 / 25.5.
+* A decoder that sits through a prompt iteration loses X = the prompt iteration minus
+  its own decode step when it rides along (prompt + decodes <= max_batch_tokens), the
+  whole prompt iteration when it does not fit (larger prompts run alone and the decodes
+  wait: SplitwiseSim's batch-token rule).
+* At most `_MAX_PREEMPTIONS` prompt iterations pass a decoder before it runs again
+  (SplitwiseSim schedules a task preempted 4 times ahead of prompts), which bounds the
+  interference per decode iteration when prompts saturate the machine.
+
+The number of prompt iterations a request sits through is Poisson with mean
+(o - 1) e / E[X]; cluster.py turns it into a mixture over counts (a coding request of 13
+tokens sits through zero, one or two, and its TBT is multi-modal, not Gaussian).
+
+The fixed point is found by damped Newton iteration in log B with a fixed trip count,
+so it is jit/vmap/grad-able (gradients flow through the unrolled iterations, which
+converge to machine precision). A pool with no decode traffic is a prompt pool (B = 0);
+one with no prompts is a token pool.
 
 References:
-    Little's law; MODELING.md "Continuous batching as a fluid model" (Ao et al.,
-    arXiv 2504.11320).
+    Little's law; fluid limits of batching under KV memory (Ao et al., arXiv
+    2504.11320); join-the-shortest-queue balance (Winston, J. Appl. Prob. 14, 1977).
 """
 
 from __future__ import annotations
@@ -28,7 +48,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
+from splitwise_jax._smooth import smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.batch import Batch
 
 _NEWTON_ITERS = 12
@@ -36,9 +56,26 @@ _NEWTON_ITERS = 12
 # at 87% of capacity and by 2.2% exactly at it; p = 8 moved 3.5% of decodes off a token
 # pool that was only 87% full, which inflated TBT tails against the reference runs.
 _MEMORY_P = 32.0
-# Temperature of min(rho_p, 1) in the iteration-rate equation: beyond saturation the
-# machine runs prompt iterations only; 0.02 keeps the corner within ~1.4%.
+# Temperature of min(rho_p, 1): beyond saturation the machine runs prompt iterations
+# only; 0.02 keeps the corner within ~1.4%.
 _RHO_TEMPERATURE = 0.02
+# Width (in decoding requests) of the corner of max(B - 1/2, 0), the decoders a JSQ-routed
+# prompt finds: 0.1 reproduces 0.15 decoders observed at B = 0.68 (0.19 predicted).
+_JSQ_TEMPERATURE = 0.1
+# SplitwiseSim runs a decode ahead of prompts once it was passed over this many times.
+_MAX_PREEMPTIONS = 4.0
+# Width (tokens) of the switch between riding along and waiting at max_batch_tokens.
+_BATCH_TOKEN_TEMPERATURE = 64.0
+
+
+def jsq_share(batch):
+    """phi(B): decoders on the machine a JSQ-routed prompt joins, over the mean B.
+
+    max(B - 1/2, 0) / B smoothed as softplus(B - 1/2) / (softplus(B - 1/2) + 1/2), which
+    is monotone in B, 0 at B = 0 and 1 - 1/(2B) for B >> 1.
+    """
+    g = softplus(batch - 0.5, _JSQ_TEMPERATURE)
+    return g / (g + 0.5)
 
 
 class PoolState(NamedTuple):
@@ -47,72 +84,85 @@ class PoolState(NamedTuple):
     rho_prompt: jnp.ndarray        # offered prompt load (may exceed 1)
     batch: jnp.ndarray             # mean decoding requests B
     batch_need: jnp.ndarray        # B the decode load would need without the memory cap
-    iter_rate: jnp.ndarray         # iterations per second seen by decoders
     prompt_s: jnp.ndarray          # (K,) prompt iteration time per prompt class
     mean_prompt_s: jnp.ndarray
     scv_prompt: jnp.ndarray
     decode_s: jnp.ndarray          # decode-only iteration time t_d(B)
-    tbt_mean_s: jnp.ndarray        # mean time per decode iteration seen by a decoder
-    tbt_var_s2: jnp.ndarray        # its variance per iteration
+    step_s: jnp.ndarray            # mean time per decode iteration, interference included
+    events_per_step: jnp.ndarray   # prompt iterations a decoder sits through per decode step
+    interf_mean_s: jnp.ndarray     # E[X], time a decoder loses per prompt iteration
+    interf_var_s2: jnp.ndarray     # Var[X]
     residual_s: jnp.ndarray        # mean wait for the iteration in flight at a prompt's arrival
 
 
-def _iteration_times(timing, p_tok, p_sq, batch, ctx):
-    """Prompt iterations per class, alone and with B decodes riding along, and the
-    decode-only iteration, from ONE timing call (one inlined phase model: compile time)."""
+def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
+    """Prompt iterations per class (with the decoders that ride along) and the decode-only
+    iteration, from ONE timing call (one inlined phase model: compile time).
+
+    Returns (t_prompt (K,), P(the iteration carries decoders) (K,), t_decode)."""
     k = p_tok.shape[0]
-    none = jnp.exp(-batch)
-    ride = batch / jnp.maximum(1.0 - none, 1e-9)  # mean batch given at least one decoder
+    found = batch * jsq_share(batch)                    # decoders on the chosen machine
+    none = jnp.exp(-found)
+    ride = found / jnp.maximum(1.0 - none, 1e-9)        # given at least one
+    room = softplus(max_batch_tokens - p_tok, _BATCH_TOKEN_TEMPERATURE)
+    fits = jax.nn.sigmoid((max_batch_tokens - p_tok - 1.0) / _BATCH_TOKEN_TEMPERATURE)
+    ride_k = smooth_min_pos(ride * jnp.ones(k), jnp.maximum(room, 1e-6), p=8.0)
     b_dec = jnp.maximum(batch, 1.0)
     zeros, ones = jnp.zeros(k), jnp.ones(k)
     t = timing.iteration_s(Batch(
         prompt_tokens=jnp.concatenate([p_tok, p_tok, jnp.zeros(1)]),
         prompt_seqs=jnp.concatenate([ones, ones, jnp.zeros(1)]),
         prompt_sq_tokens=jnp.concatenate([p_sq, p_sq, jnp.zeros(1)]),
-        decode_seqs=jnp.concatenate([zeros, ride * ones, b_dec[None]]),
-        decode_ctx_tokens=jnp.concatenate([zeros, ride * ctx * ones, (b_dec * ctx)[None]]),
+        decode_seqs=jnp.concatenate([zeros, ride_k, b_dec[None]]),
+        decode_ctx_tokens=jnp.concatenate([zeros, ride_k * ctx, (b_dec * ctx)[None]]),
     ))
     alone, mixed, t_d = t[:k], t[k:2 * k], t[2 * k]
-    return none * alone + (1.0 - none) * mixed, t_d
+    mix_prob = (1.0 - none) * fits
+    return (1.0 - mix_prob) * alone + mix_prob * mixed, mix_prob, t_d
 
 
-def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch):
-    t_p, t_d = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens)
+def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens):
+    t_p, mix_prob, t_d = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
     e_t = jnp.dot(prompt_w, t_p)
     busy = smooth_min_one(lam_p * e_t, _RHO_TEMPERATURE)
-    r = busy / e_t + (1.0 - busy) / t_d
-    return t_p, e_t, busy, t_d, r
+    # What a decoder loses per prompt iteration it sits through: the prompt iteration,
+    # less its own decode step when it rides along.
+    x_k = jnp.maximum(t_p - mix_prob * t_d, 1e-6)
+    e_x = jnp.dot(prompt_w, x_k)
+    var_x = jnp.maximum(jnp.dot(prompt_w, x_k**2) - e_x**2, 0.0)
+    frac = jsq_share(batch) * busy * e_x / e_t          # share of a decoder's time lost
+    per_step = frac / jnp.maximum(1.0 - frac, 1e-6) * t_d / e_x
+    events = smooth_min_pos(per_step, _MAX_PREEMPTIONS, p=8.0)
+    step = t_d + events * e_x
+    return t_p, e_t, busy, t_d, step, events, e_x, var_x
 
 
 def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                  ctx_tokens, batch) -> PoolState:
+                  ctx_tokens, batch, max_batch_tokens=2048.0) -> PoolState:
     """A pool's state at a given decode batch B (no fixed-point solve).
 
-    `batch_need` is what Little's law asks for at the resulting iteration rate: equal to
-    B at the fixed point, larger when B is held down by memory.
+    `batch_need` is what Little's law asks for at the resulting step time: equal to B at
+    the fixed point, larger when B is held down by memory.
     """
     n = jnp.maximum(n_machines, 1e-6)
     lam_p = prompt_rate / n
     lam_d = decode_rate / n
-    t_p, e_t, busy, t_d, r = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch)
+    t_p, e_t, busy, t_d, step, events, e_x, var_x = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch,
+                                                           max_batch_tokens)
     e_t2 = jnp.dot(prompt_w, t_p**2)
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
-    # Iterations a decoder sees: prompt iterations at rate busy/E[T], decode ones otherwise.
-    q = (busy / e_t) / r
-    m1 = 1.0 / r
-    m2 = q * e_t2 + (1.0 - q) * t_d**2
-    var = jnp.maximum(m2 - m1**2, 0.0)
     decoding = 1.0 - jnp.exp(-batch)
     residual = (1.0 - busy) * decoding * 0.5 * t_d
-    return PoolState(lam_p * e_t, batch, lam_d * mean_decode_iters / r, r, t_p, e_t, scv, t_d, m1, var, residual)
+    return PoolState(lam_p * e_t, batch, lam_d * mean_decode_iters * step, t_p, e_t, scv, t_d, step, events, e_x,
+                     var_x, residual)
 
 
 def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-               ctx_tokens, batch_cap) -> PoolState:
+               ctx_tokens, batch_cap, max_batch_tokens=2048.0) -> PoolState:
     """Steady state of a pool: solves Little's law for the decode batch B.
 
     Args:
-        timing: phase-timing strategy of the pool's machine type.
+        timing: phase-timing strategy (`PhaseTiming`) of the pool's machine type.
         n_machines: machines in the pool (continuous).
         prompt_rate: prompts per second into the pool.
         prompt_w, p_tok, p_sq: (K,) prompt class probabilities, tokens, tokens^2.
@@ -120,14 +170,15 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
         mean_decode_iters: E[o - 1], decode iterations per request.
         ctx_tokens: mean KV context of a decoding request (tokens).
         batch_cap: most decoding requests a machine's KV memory holds.
+        max_batch_tokens: tokens one iteration may carry (prompts + one per decode).
     """
     n = jnp.maximum(n_machines, 1e-6)
     lam_p = prompt_rate / n
     lam_d = decode_rate / n
 
     def residual(log_b):
-        r = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, jnp.exp(log_b))[-1]
-        need = lam_d * mean_decode_iters / r
+        step = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, jnp.exp(log_b), max_batch_tokens)[4]
+        need = lam_d * mean_decode_iters * step
         return log_b - jnp.log(jnp.maximum(smooth_min_pos(need, batch_cap, p=_MEMORY_P), 1e-12))
 
     # Newton in log B. The map B -> need(B) grows less than proportionally (decode time is
@@ -142,4 +193,4 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     log_b = jax.lax.fori_loop(0, _NEWTON_ITERS, newton, jnp.log(b0))
     return pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                         ctx_tokens, jnp.exp(log_b))
+                         ctx_tokens, jnp.exp(log_b), max_batch_tokens)
