@@ -553,32 +553,51 @@ class _Sim:
                 m.sum_fin -= t.fin
                 t.state = _BLOCKED
                 self.add_pending(m, t, preempted=True)
+        # the newcomers leave the pending structures and join the batch (remove_pending,
+        # set_mem inlined: this loop runs for every task of every request)
         now = self.now
+        seq = self.seq
+        pool = self.pool
+        rmem = self.rmem
+        pq = m.pq
+        waitr = m.waitr
+        it = m.it
+        grown = 0.0
         for t in new:
-            self.remove_pending(m, t)
-            batch.append(t)
-            self.seq += 1
-            t.bj = self.seq
+            del pq[bisect.bisect_left(pq, t.pq)]
+            t.pq = None
             r = t.r
-            if t.state == _QUEUED:
-                self.set_mem(m, t.mem)
-                self.rmem[r] += t.mem
-                if t.is_prompt:
-                    self.prompt_start[r] = now
-                    m.prompts_run += 1
-                else:
-                    self.token_start[r] = now
-                    m.decodes_run += 1
+            if pool[r][0] is t:
+                del waitr[bisect.bisect_left(waitr, r)]
+            batch.append(t)
+            seq += 1
+            t.bj = seq
             if t.is_prompt:
+                del m.ppq[t]
+                grown += t.mem
+                rmem[r] += t.mem
+                self.prompt_start[r] = now
+                m.prompts_run += 1
                 m.bprompts.append(t)
             else:
-                t.fin = m.it + t.size - t.gen
+                if t.state == _QUEUED:
+                    grown += t.mem
+                    rmem[r] += t.mem
+                    self.token_start[r] = now
+                    m.decodes_run += 1
+                else:
+                    del m.blocked[t]
+                fin = it + t.size - t.gen
+                t.fin = fin
                 t.hv += 1
-                self.seq += 1
-                heapq.heappush(m.finq, (t.fin, self.seq, t.hv, t))
+                seq += 1
+                heapq.heappush(m.finq, (fin, seq, t.hv, t))
                 m.sum_base += self.psize[r] + 1 + t.size
-                m.sum_fin += t.fin
+                m.sum_fin += fin
             t.state = _RUNNING
+        self.seq = seq
+        if grown:
+            self.set_mem(m, grown)
         pool = self.pool
         for r in m.waitr:
             pool[r][0].npre += 1
@@ -618,10 +637,10 @@ class _Sim:
         now = self.now
         m.start = now
         m.pause = False
-        m.ver += 1
+        ver = m.ver = m.ver + 1
         k = m.k
-        self.seq += 1
-        heapq.heappush(self.heap, (now + k * m.t0 + m.dt * k * (k - 1) * 0.5, self.seq, _EV_ITER, m, m.ver))
+        self.seq = seq = self.seq + 1
+        heapq.heappush(self.heap, (now + k * m.t0 + m.dt * k * (k - 1) * 0.5, seq, _EV_ITER, m, ver))
 
     def complete_block(self, m: Machine) -> None:
         now = self.now
