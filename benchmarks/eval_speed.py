@@ -5,11 +5,11 @@ coarsened workload the optimiser searches and on the full-resolution one. Measur
 once compiled (best of `--repeats`):
 
 * configurations evaluated per second: one jitted `evaluate` per call; the optimiser's
-  batch function (`optimize._assess_batch`, `lax.map` over 64 configurations); and a
+  batch function (`optimize.spec.assess_batch`, `lax.map` over 64 configurations); and a
   `vmap` over the same 64 for comparison;
 * the cost of a gradient: jitted `value_and_grad` of a scalar of the metrics (the sum
   of the nine SLO margins) with respect to the pool sizes, over the jitted forward
-  alone; and one step of the optimiser (`optimize._al_round`, a scan of Adam steps on
+  alone; and one step of the optimiser (`optimize.gradient._al_round`, a scan of Adam steps on
   the augmented Lagrangian) over one configuration of `_assess_batch`;
 * compile time of each function (first call minus a compiled call).
 
@@ -31,7 +31,9 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from splitwise_jax import optimize as O  # noqa: E402
+from splitwise_jax.cluster import Resolution  # noqa: E402
+from splitwise_jax.optimize import gradient, spec as S  # noqa: E402
+from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Problem  # noqa: E402
 from splitwise_jax.cluster import evaluate  # noqa: E402
 from splitwise_jax.designs import make_cluster  # noqa: E402
 from splitwise_jax.workload import coarsen, workload  # noqa: E402
@@ -64,26 +66,26 @@ def bench(wl_name: str, bins: int, repeats: int) -> dict:
 
     fwd = jax.jit(margins)
     grad = jax.jit(jax.value_and_grad(margins))
-    batch = jnp.tile(jnp.asarray([30.0, 5.0, 1.0, 1.0, 70.0]), (O.CHUNK, 1))
-    spec, _ = O._make_spec(cluster, wl, O.Problem("cost"))
-    res = O.Resolution()
-    vmapped = jax.jit(jax.vmap(lambda p: O._assess(spec, p, res)))
+    batch = jnp.tile(jnp.asarray([30.0, 5.0, 1.0, 1.0, 70.0]), (S.CHUNK, 1))
+    spec, _ = S.make_spec(cluster, wl, Problem("cost"))
+    res = Resolution()
+    vmapped = jax.jit(jax.vmap(lambda p: S.assess(spec, p, res)))
     steps = 10
     u = jnp.asarray([np.log(30.0), np.log(5.0), 6.0, 6.0, np.log(70.0)])
-    al_args = (u, O._ADAM.init(u), jnp.zeros(len(O.CONSTRAINT_NAMES)), jnp.asarray(10.0), jnp.asarray(0.05),
+    al_args = (u, gradient._ADAM.init(u), jnp.zeros(len(CONSTRAINT_NAMES)), jnp.asarray(10.0), jnp.asarray(0.05),
                jnp.asarray(0.01), spec)
 
     out = {"workload": wl_name, "classes": f"{len(wl.prompt_tokens)}x{len(wl.output_tokens)}"}
     f1, f = timed(fwd, x, repeats=repeats)
     g1, g = timed(grad, x, repeats=repeats)
-    b1, b = timed(lambda p: O._assess_batch(p, spec, res), batch, repeats=repeats)
+    b1, b = timed(lambda p: S.assess_batch(p, spec, res), batch, repeats=repeats)
     v1, v = timed(vmapped, batch, repeats=repeats)
-    a1, a = timed(lambda *z: O._al_round(*z, steps=steps, resolution=res), *al_args, repeats=repeats)
+    a1, a = timed(lambda *z: gradient._al_round(*z, steps=steps, resolution=res), *al_args, repeats=repeats)
     out.update(
         forward_s=f, forward_compile_s=f1 - f, value_and_grad_s=g, grad_compile_s=g1 - g, grad_over_forward=g / f,
-        batch_configs_per_s=O.CHUNK / b, batch_compile_s=b1 - b, vmap_configs_per_s=O.CHUNK / v,
+        batch_configs_per_s=S.CHUNK / b, batch_compile_s=b1 - b, vmap_configs_per_s=S.CHUNK / v,
         vmap_compile_s=v1 - v, single_configs_per_s=1.0 / f, al_step_s=a / steps, al_compile_s=a1 - a,
-        al_step_over_batch_config=(a / steps) / (b / O.CHUNK),
+        al_step_over_batch_config=(a / steps) / (b / S.CHUNK),
     )
     return out
 

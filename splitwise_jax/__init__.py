@@ -15,7 +15,6 @@ from splitwise_jax.catalog import get_gpu as get_gpu
 from splitwise_jax.catalog import get_llm as get_llm
 from splitwise_jax.catalog import get_machine as get_machine
 from splitwise_jax.catalog import load_specs as load_specs
-from splitwise_jax.cluster import PAPER_SLO as PAPER_SLO
 from splitwise_jax.cluster import Cluster as Cluster
 from splitwise_jax.cluster import ClusterMetrics as ClusterMetrics
 from splitwise_jax.cluster import Resolution as Resolution
@@ -28,6 +27,7 @@ from splitwise_jax.designs import make_timing as make_timing
 from splitwise_jax.hardware import GPU as GPU
 from splitwise_jax.hardware import Machine as Machine
 from splitwise_jax.llm import LLM as LLM
+from splitwise_jax.paper import PAPER_SLO as PAPER_SLO
 from splitwise_jax.params import PhaseParams as PhaseParams
 from splitwise_jax.params import default_params as default_params
 from splitwise_jax.phases import mean_token_latency_s as mean_token_latency_s

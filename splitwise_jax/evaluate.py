@@ -3,19 +3,25 @@
 Example:
     python -m splitwise_jax.evaluate --design splitwise-hh --prompt-machines 27 \
         --token-machines 3 --workload coding --rate 70 --json
+
+This module shares its name with the model function `splitwise_jax.evaluate`, which
+importing it leaves in place (see the package's `__init__`); reach the command line
+with ``from splitwise_jax.evaluate import main``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 import jax
 import numpy as np
 
-from splitwise_jax.cluster import PERCENTILES, ClusterMetrics, evaluate
+from splitwise_jax import _cli
+from splitwise_jax._validate import check_choice
+from splitwise_jax.catalog import llm_names, load_specs
+from splitwise_jax.cluster import ClusterMetrics, evaluate
 from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES, make_cluster
 from splitwise_jax.workload import workload as load_workload
 
@@ -78,13 +84,16 @@ def format_table(d: dict, title: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m splitwise_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--design", choices=sorted(DESIGNS), default="splitwise-hh")
-    ap.add_argument("--machines", type=float, help="machines of a baseline design")
-    ap.add_argument("--prompt-machines", type=float, help="prompt machines (Splitwise; DGX-H100 for HA)")
-    ap.add_argument("--token-machines", type=float, help="token machines (Splitwise; DGX-A100 for HA)")
+    ap.add_argument("--machines", type=_cli.positive_float, help="machines of a baseline design")
+    ap.add_argument("--prompt-machines", type=_cli.positive_float,
+                    help="prompt machines (Splitwise; DGX-H100 for HA)")
+    ap.add_argument("--token-machines", type=_cli.positive_float, help="token machines (Splitwise; DGX-A100 for HA)")
     ap.add_argument("--workload", default="coding", help="coding, conversation, or a trace CSV path")
-    ap.add_argument("--rate", type=float, help="arrival rate, req/s (default: the trace's, 70 for presets)")
-    ap.add_argument("--horizon", type=float, default=120.0, help="length of the arrival window, s")
-    ap.add_argument("--model", choices=["bloom-176b", "llama2-70b"], default="bloom-176b")
+    ap.add_argument("--rate", type=_cli.positive_float,
+                    help="arrival rate, req/s (default: the trace's, 70 for presets)")
+    ap.add_argument("--horizon", type=_cli.positive_float, default=120.0, help="length of the arrival window, s")
+    ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
+    ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs (docs/specs.md)")
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
     ap.add_argument("--transfer", choices=TRANSFER_MODES, default="serialized", help="KV-cache transfer mode")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -92,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Command-line entry point; bad arguments or inputs exit 2 with a message."""
+    _cli.float64()  # before any array is built (the precision policy of every CLI)
     ap = build_parser()
     a = ap.parse_args(argv)
     baseline = DESIGNS[a.design].kind == "baseline"
@@ -103,17 +114,13 @@ def main(argv=None) -> int:
         if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
             ap.error(f"--design {a.design} needs --prompt-machines P and --token-machines T (not --machines)")
         sizes = (a.prompt_machines, a.token_machines)
-    for name, v in (("--machines" if baseline else "--prompt-machines", sizes[0]),
-                    ("--token-machines", sizes[1] if not baseline else 1.0),
-                    ("--horizon", a.horizon), ("--rate", a.rate if a.rate is not None else 1.0)):
-        if not (math.isfinite(v) and v > 0):
-            ap.error(f"{name} must be a positive finite number, got {v}")
-    try:
+    with _cli.input_errors(ap):
+        if a.specs is not None:
+            load_specs(_cli.input_file("--specs", a.specs))
+        check_choice("--model", a.model, llm_names())
         wl = load_workload(a.workload, rate_per_s=a.rate)
         cluster = make_cluster(a.design, sizes[0], sizes[1], model=a.model, phase_model=a.phase_model,
                                transfer_mode=a.transfer)
-    except (ValueError, FileNotFoundError) as e:
-        ap.error(str(e))
     m = jax.jit(evaluate)(cluster, wl, a.horizon)
     d = metrics_to_dict(m)
     if a.json:

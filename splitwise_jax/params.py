@@ -9,15 +9,18 @@ and are the defaults everywhere through `default_params(gpu_name)`.
 The file holds the shared physics parameters and, optionally, per-GPU overrides:
 ``{"shared": {field: value}, "per_gpu": {"h100-80gb": {field: value}}, "meta": {...}}``.
 A GPU without an override uses the shared values, which is how a spec sheet carries
-to a new GPU.
+to a new GPU. `read_params_file` and `write_params_file` are the one reader and writer
+of that format (the calibration and the predict command use them too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 
@@ -108,29 +111,93 @@ class PhaseParams:
 
     @classmethod
     def from_dict(cls, d: dict, *, base: "PhaseParams | None" = None) -> "PhaseParams":
+        """Fields from a mapping (a params file's entry); unknown names and values that
+        are not finite positive numbers raise ValueError naming them."""
+        if not isinstance(d, dict):
+            raise ValueError(f"PhaseParams fields must be an object of name: number, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown PhaseParams fields {sorted(unknown)}; accepted: {sorted(names)}")
-        bad = {k: v for k, v in d.items() if not isinstance(v, (int, float)) or not v > 0}
+        bad = {k: v for k, v in d.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0)}
         if bad:
-            raise ValueError(f"PhaseParams fields must be positive numbers, got {bad}")
+            raise ValueError(f"PhaseParams fields must be finite positive numbers, got {bad}")
         return dataclasses.replace(base or cls(), **{k: float(v) for k, v in d.items()})
 
 
 PRIOR = PhaseParams()
 
 
+class ParamsFile(NamedTuple):
+    """A params file's content: shared values, per-GPU overrides (absolute values of
+    the overridden fields only) and free-form metadata."""
+
+    shared: PhaseParams
+    per_gpu: dict[str, dict[str, float]]
+    meta: dict
+
+
+def read_params_file(path: str | Path) -> ParamsFile:
+    """Read and validate a params file (the one reader of the format).
+
+    Raises:
+        ValueError: a missing or unreadable file, malformed JSON, a missing 'shared'
+            object, unknown field names, values that are not finite positive numbers,
+            or a malformed 'per_gpu' / 'meta' entry. The message names the file.
+    """
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except OSError:
+        raise ValueError(f"params file {p} does not exist") from None
+    return _read(str(p), stat.st_mtime_ns, stat.st_size)
+
+
 @lru_cache(maxsize=8)
-def _read(path: str) -> dict:
+def _read(path: str, _mtime_ns: int, _size: int) -> ParamsFile:
+    # Cached on (path, modification time, size): make_timing reads the shipped file for
+    # every machine type, and a rewritten file is read afresh.
     p = Path(path)
     try:
         data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"params file {p} cannot be read: {e}") from None
-    if not isinstance(data, dict) or "shared" not in data:
-        raise ValueError(f"params file {p} must be a JSON object with a 'shared' entry")
-    return data
+    if not isinstance(data, dict) or not isinstance(data.get("shared"), dict):
+        raise ValueError(f"params file {p} must be a JSON object with a 'shared' object of PhaseParams fields, "
+                         'e.g. {"shared": {"mfu_max": 0.6}, "per_gpu": {}, "meta": {}}')
+    unknown = set(data) - {"shared", "per_gpu", "meta"}
+    if unknown:
+        raise ValueError(f"params file {p}: unknown keys {sorted(unknown)}; accepted: shared, per_gpu, meta")
+    try:
+        shared = PhaseParams.from_dict(data["shared"])
+    except ValueError as e:
+        raise ValueError(f"params file {p}: 'shared': {e}") from None
+    per_gpu = data.get("per_gpu") or {}
+    if not isinstance(per_gpu, dict) or not all(isinstance(v, dict) for v in per_gpu.values()):
+        raise ValueError(f"params file {p}: 'per_gpu' must map GPU names to objects of PhaseParams fields")
+    for gpu, override in per_gpu.items():
+        try:
+            PhaseParams.from_dict(override, base=shared)
+        except ValueError as e:
+            raise ValueError(f"params file {p}: 'per_gpu' {gpu!r}: {e}") from None
+    meta = data.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"params file {p}: 'meta' must be an object")
+    return ParamsFile(shared, {k: {f: float(x) for f, x in v.items()} for k, v in per_gpu.items()}, dict(meta))
+
+
+def write_params_file(path: str | Path, shared: PhaseParams, per_gpu: dict[str, dict] | None = None,
+                      meta: dict | None = None) -> None:
+    """Write a params file (the one writer of the format; `read_params_file` reads it)."""
+    data = {"shared": shared.to_dict(), "per_gpu": per_gpu or {}, "meta": meta or {}}
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def params_for_gpu(content: ParamsFile, gpu_name: str | None) -> PhaseParams:
+    """The parameters one GPU runs on: its overrides if any, else the shared values."""
+    override = content.per_gpu.get(gpu_name) if gpu_name is not None else None
+    return PhaseParams.from_dict(override, base=content.shared) if override else content.shared
 
 
 def load_params(gpu_name: str | None = None, path: str | Path | None = None) -> PhaseParams:
@@ -140,26 +207,11 @@ def load_params(gpu_name: str | None = None, path: str | Path | None = None) -> 
     before the first calibration).
     """
     path = Path(path) if path is not None else FITTED_PARAMS_FILE
-    if not path.exists():
-        if path == FITTED_PARAMS_FILE:
-            return PRIOR
-        raise ValueError(f"params file {path} does not exist")
-    data = _read(str(path))
-    params = PhaseParams.from_dict(data["shared"])
-    if gpu_name is not None:
-        override = data.get("per_gpu", {}).get(gpu_name)
-        if override:
-            params = PhaseParams.from_dict(override, base=params)
-    return params
+    if not path.exists() and path == FITTED_PARAMS_FILE:
+        return PRIOR
+    return params_for_gpu(read_params_file(path), gpu_name)
 
 
 def default_params(gpu_name: str | None = None) -> PhaseParams:
     """The shipped calibrated parameters for a GPU (shared values for unknown GPUs)."""
     return load_params(gpu_name)
-
-
-def save_params(path: str | Path, shared: PhaseParams, per_gpu: dict[str, dict] | None = None,
-                meta: dict | None = None) -> None:
-    data = {"shared": shared.to_dict(), "per_gpu": per_gpu or {}, "meta": meta or {}}
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    _read.cache_clear()

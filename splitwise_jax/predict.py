@@ -13,7 +13,7 @@ columns are overwritten.
 
 Hardware names are the profiles' (``a100-80gb``, ``h100-80gb``, ``h100-80gb-pcap`` = H100
 at a 70% power cap); models are the catalogue's. Bad arguments or queries print a
-message naming the problem to stderr and exit with status 2.
+message naming the problem to stderr and exit with status 2 (argparse's error).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from splitwise_jax import _cli
 from splitwise_jax.catalog import MACHINE_OF_HARDWARE, get_machine, llm_names
 
 QUERY_COLUMNS: tuple[str, ...] = ("model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size")
@@ -111,28 +112,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        import jax
-
-        jax.config.update("jax_enable_x64", True)
-        path = Path(args.queries)
-        if not path.is_file():
-            raise ValueError(f"--queries {path} does not exist")
+    """Command-line entry point; bad arguments or inputs exit 2 with a message."""
+    _cli.float64()  # before any array is built (the precision policy of every CLI)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    with _cli.input_errors(ap):
+        path = _cli.input_file("--queries", args.queries)
+        out_path = _cli.output_file("--out", args.out)
+        params = None if args.params is None else _cli.input_file("--params", args.params)
         try:
             queries = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise ValueError(f"--queries {path} is not a readable CSV: {e}") from None
-        if args.params is not None and not Path(args.params).is_file():
-            raise ValueError(f"--params {args.params} does not exist")
-        out = predict_queries(queries, args.params)
-        out_path = Path(args.out)
-        if not out_path.parent.is_dir():
-            raise ValueError(f"--out {out_path}: folder {out_path.parent} does not exist")
-        out.to_csv(out_path, index=False)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        try:
+            out = predict_queries(queries, params)
+        except ValueError as e:
+            which = f"--params {params}" if params is not None and "params file" in str(e) else f"--queries {path}"
+            raise ValueError(f"{which}: {e}") from None
+    out.to_csv(out_path, index=False)
     print(f"wrote {len(out)} predictions to {out_path}")
     return 0
 

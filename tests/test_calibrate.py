@@ -16,6 +16,9 @@ import pytest
 from conftest import needs_shared
 
 from splitwise_jax import calibrate as C
+from splitwise_jax.calibrate.fit import _HI, _LO, _from_raw, _to_raw
+from splitwise_jax.calibrate.rows import _predict_jit
+from splitwise_jax.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE
 from splitwise_jax.catalog import get_llm, get_machine
 from splitwise_jax.params import FITTED_PARAMS_FILE, PhaseParams, default_params
 from splitwise_jax.phases import mean_token_latency_s, prompt_latency_s
@@ -31,9 +34,9 @@ def _synthetic_medians(truth: PhaseParams, hardware=("a100-80gb", "h100-80gb"), 
     b = np.array([g[1] for g in _GRID], float)
     frames = []
     for hw in hardware:
-        machine = get_machine(C.MACHINE_OF_HARDWARE[hw])
-        r = C._predict_jit(truth, machine, get_llm(model), jnp.asarray(p), jnp.asarray(b),
-                           jnp.full_like(jnp.asarray(p), 128.0), C.CAP_OF_HARDWARE[hw], tp=tp)
+        machine = get_machine(MACHINE_OF_HARDWARE[hw])
+        r = _predict_jit(truth, machine, get_llm(model), jnp.asarray(p), jnp.asarray(b),
+                           jnp.full_like(jnp.asarray(p), 128.0), CAP_OF_HARDWARE[hw], tp=tp)
         power = hw == "a100-80gb"  # power is measured on A100 only, as in the profiles
         frames.append(pd.DataFrame(dict(
             model=model, hardware=hw, tensor_parallel=tp, prompt_size=p.astype(int), batch_size=b.astype(int),
@@ -84,13 +87,13 @@ def test_fit_rejects_an_empty_training_set(synthetic):
 
 
 def test_unconstrained_transform_round_trips_and_respects_bounds():
-    raw = C._to_raw(C.FIT_START)
-    back = np.asarray(C._from_raw(jnp.asarray(raw)))
+    raw = _to_raw(C.FIT_START)
+    back = np.asarray(_from_raw(jnp.asarray(raw)))
     np.testing.assert_allclose(back, [getattr(C.FIT_START, f) for f in C.FIELDS], rtol=1e-12)
-    wild = np.asarray(C._from_raw(jnp.asarray(np.linspace(-40.0, 40.0, len(C.FIELDS)))))
-    assert np.all(wild >= C._LO) and np.all(wild <= C._HI)
+    wild = np.asarray(_from_raw(jnp.asarray(np.linspace(-40.0, 40.0, len(C.FIELDS)))))
+    assert np.all(wild >= _LO) and np.all(wild <= _HI)
     with pytest.raises(ValueError, match="mfu_max"):
-        C._to_raw(C.FIT_START.replace(mfu_max=1.2))
+        _to_raw(C.FIT_START.replace(mfu_max=1.2))
 
 
 def test_params_file_round_trip_and_bad_files(tmp_path):
@@ -116,7 +119,7 @@ def test_predict_rows_is_the_phase_model():
     Tolerance: round-off (jit fuses and reorders float64 operations)."""
     params, machine, llm = C.FIT_START, get_machine("dgx-h100"), get_llm("llama2-70b")
     p, b, t = jnp.array([512.0, 2048.0]), jnp.array([4.0, 1.0]), jnp.array([128.0, 1024.0])
-    r = C._predict_jit(params, machine, llm, p, b, t, 0.7, tp=4)
+    r = _predict_jit(params, machine, llm, p, b, t, 0.7, tp=4)
     np.testing.assert_allclose(r.prompt_s, prompt_latency_s(params, machine, llm, p, b, tp=4, cap_frac=0.7),
                                rtol=1e-12)
     np.testing.assert_allclose(r.token_s, mean_token_latency_s(params, machine, llm, p, b, t, tp=4, cap_frac=0.7),
@@ -237,5 +240,7 @@ def test_calibrate_command_on_a_subset_then_predict(tmp_path, medians):
     assert predict_main(["--params", str(out), "--queries", str(query_csv), "--out", str(pred_csv)]) == 0
     got = pd.read_csv(pred_csv)
     assert len(got) == held.sum() and (got["prompt_time"] > 0).all() and (got["token_time"] > 0).all()
-    assert C.main(["--profiles", str(tmp_path / "nope.csv")]) == 2
-    assert C.main(["--splits", "z"]) == 2
+    for argv in (["--profiles", str(tmp_path / "nope.csv")], ["--splits", "z"]):
+        with pytest.raises(SystemExit) as e:  # argparse's error: usage and message on stderr
+            C.main(argv)
+        assert e.value.code == 2

@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 
 from splitwise_jax import optimize as O
+from splitwise_jax.optimize.gradient import _al_round
+from splitwise_jax.optimize.report import _candidate_dict
+from splitwise_jax.optimize.spec import assess_batch
 from splitwise_jax.designs import make_cluster
 from splitwise_jax.workload import coarsen, workload
 
@@ -94,10 +97,10 @@ def test_designs_of_one_kind_share_one_compilation(wl):
     """Splitwise-AA/-HH/-HA/-HHcap differ only in leaves once names are stripped."""
     problem = O.Problem("cost", max_machines=MAX)
     O.optimize(make_cluster("splitwise-hh", 1, 1), wl, problem, CONFIG)
-    before = O._al_round._cache_size(), O._assess_batch._cache_size()
+    before = _al_round._cache_size(), assess_batch._cache_size()
     for d in ("splitwise-aa", "splitwise-ha"):
         O.optimize(make_cluster(d, 1, 1), wl, problem, CONFIG)
-    assert (O._al_round._cache_size(), O._assess_batch._cache_size()) == before
+    assert (_al_round._cache_size(), assess_batch._cache_size()) == before
 
 
 @pytest.mark.parametrize("kwargs, word", [
@@ -157,5 +160,5 @@ def test_cli_json(capsys, tmp_path):
 
 def test_baseline_json_names_machines():
     c = O.Candidate(7, 0, 1.0, 1.0, 10.0, True, 266.56, np.ones(len(O.CONSTRAINT_NAMES)), 266.56, 71.4)
-    d = O._candidate_dict(c, splitwise=False)
+    d = _candidate_dict(c, splitwise=False)
     assert d["machines"] == 7 and "prompt_machines" not in d and "token_machines" not in d

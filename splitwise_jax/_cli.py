@@ -1,0 +1,160 @@
+"""The outer edge shared by every command line: one precision policy, one exit style.
+
+Precision: every CLI computes in float64. `float64()` switches JAX to it and must run
+before the first workload, cluster or parameter array is built (arrays made earlier
+stay float32 inside a float64 run); each `main` calls it on its first line. Latency
+percentiles span 10 ms to minutes and the optimiser and the fit take logs of them, so
+float32's 7 digits would show in printed numbers (1142.4000244140625) and in answers.
+
+Exit style: a bad argument or input file ends the program through argparse's `error`:
+usage and ``prog: error: <message>`` on stderr, exit status 2, no traceback. Messages
+name the argument (``--rate``, ``--queries FILE``) and say what is accepted. Library
+code raises ValueError (or OSError for files) with such a message; `input_errors`
+turns those raised while reading and checking inputs into the exit above. Errors
+after the inputs are accepted are bugs and keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+import jax
+
+
+def float64() -> None:
+    """Compute in float64 from here on (the precision policy of every CLI)."""
+    jax.config.update("jax_enable_x64", True)
+
+
+@contextlib.contextmanager
+def input_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Turn ValueError / OSError raised inside into ``parser.error`` (exit 2)."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        parser.error(_one_line(e))
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in text:
+        text = f"{e.filename}: {text}"
+    return text
+
+
+# --------------------------------------------------------------------------------------
+# argparse types: each names what it accepts; argparse prefixes the argument's name.
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    v = _float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return v
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0."""
+    v = _float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _int(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    return _int(text, 0)
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return v
+
+
+def _int(text: str, lo: int) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+    return v
+
+
+# --------------------------------------------------------------------------------------
+# Files
+
+
+def input_file(flag: str, path: str | os.PathLike) -> Path:
+    """An existing, readable, non-empty regular file, or ValueError naming `flag`."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{flag} {p}: no such file")
+    if not p.is_file():
+        raise ValueError(f"{flag} {p}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise ValueError(f"{flag} {p}: not readable")
+    if p.stat().st_size == 0:
+        raise ValueError(f"{flag} {p}: the file is empty")
+    return p
+
+
+def output_file(flag: str, path: str | os.PathLike, *, make_parents: bool = False) -> Path:
+    """A path a file can be written to (checked before any work is done).
+
+    Args:
+        flag: the argument's name, for the message.
+        path: where the file will go.
+        make_parents: create missing parent folders (else a missing folder is an error).
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p}: is a folder; give a file name")
+    parent = p.parent
+    if make_parents:
+        existing = parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ValueError(f"{flag} {p}: {existing} is not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {p}: folder {existing} is not writable")
+    else:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{flag} {p}: {parent} is not a folder")
+        if not parent.is_dir():
+            raise ValueError(f"{flag} {p}: folder {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {p}: folder {parent} is not writable")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"{flag} {p}: the file exists and is not writable")
+    return p
+
+
+def output_folder(flag: str, path: str | os.PathLike) -> Path:
+    """A folder that exists or can be created, and is writable."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {p}: exists and is not a folder")
+    existing = p
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {p}: folder {existing} is not writable")
+    return p

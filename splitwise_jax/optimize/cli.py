@@ -1,0 +1,221 @@
+"""`python -m splitwise_jax.optimize`: arguments, checks, and the run (see docs/optimize.md).
+
+Every input is checked before anything compiles (a bad argument costs no minute of
+compilation): argument types, conflicting flags, the workload, the designs, the
+budget against one machine per pool. Bad input exits 2 with a message naming the
+argument (`splitwise_jax._cli`); the computation itself runs outside that net, so a
+bug in the optimiser keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from splitwise_jax import _cli, paper
+from splitwise_jax._validate import check_choice
+from splitwise_jax.catalog import llm_names, load_specs
+from splitwise_jax.optimize.compare import compare_designs, headline_ratios, problem_kind
+from splitwise_jax.optimize.gradient import optimize
+from splitwise_jax.optimize.integer import evaluate_candidate, grid_search
+from splitwise_jax.optimize.problem import FREE_CAPS, OBJECTIVES, Problem, SolverConfig
+from splitwise_jax.optimize.report import _label, _print_compare, _print_result, _result_dict, plot_compare, plot_plane
+from splitwise_jax.optimize.spec import free_flags, make_spec
+
+_SLO_HELP = "9 comma-separated numbers (TTFT, TBT, E2E x P50, P90, P99), each a finite slowdown limit > 0"
+
+
+def _parse_slo(text: str) -> tuple:
+    try:
+        vals = [float(v) for v in text.replace(";", ",").split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--slo must be {_SLO_HELP}, got {text!r}") from None
+    if len(vals) != 9:
+        raise ValueError(f"--slo must be {_SLO_HELP}, got {len(vals)} numbers")
+    if not all(np.isfinite(v) and v > 0 for v in vals):
+        raise ValueError(f"--slo must be {_SLO_HELP}, got {text!r}")
+    return tuple(tuple(vals[3 * i:3 * i + 3]) for i in range(3))
+
+
+def _enable_cache():
+    """Persistent XLA cache: a second run skips compilation (the Fig. 12 problem then
+    answers in a few seconds from process start). SPLITWISE_JAX_CACHE moves it."""
+    path = Path(os.environ.get("SPLITWISE_JAX_CACHE", Path.home() / ".cache" / "splitwise_jax" / "xla"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES
+
+    ap = argparse.ArgumentParser(
+        prog="python -m splitwise_jax.optimize",
+        description="Find the cheapest / least-power / highest-throughput cluster meeting every SLO, by gradient "
+                    "(default: the paper's Fig. 12 problem: Splitwise-HH, coding, 70 req/s, cost).")
+    ap.add_argument("--design", default="splitwise-hh", choices=sorted(DESIGNS))
+    ap.add_argument("--workload", default="coding", help="preset (coding, conversation) or an Azure/SplitwiseSim trace CSV")
+    ap.add_argument("--objective", default="cost", choices=OBJECTIVES)
+    ap.add_argument("--rate", type=_cli.positive_float, metavar="R",
+                    help="target load, req/s, of cost/power problems (default 70 for presets)")
+    ap.add_argument("--power-budget", type=_cli.positive_float, metavar="KW",
+                    help="provisioned-power budget of a throughput problem (default: 40 DGX-H100, iso-power)")
+    ap.add_argument("--cost-budget", type=_cli.positive_float, metavar="USD_PER_H",
+                    help="cost budget of a throughput problem ($/h)")
+    ap.add_argument("--free-caps", default="none", choices=FREE_CAPS,
+                    help="optimise these pools' power caps too (e.g. HHcap's token cap instead of a fixed 70%%)")
+    ap.add_argument("--cap-step", type=_cli.positive_float, default=0.05,
+                    help="granularity of free caps (fraction of TDP, at most 1)")
+    ap.add_argument("--max-machines", type=_cli.positive_int, default=128, help="largest pool searched")
+    ap.add_argument("--bins", type=_cli.nonnegative_int, default=16,
+                    help="request classes per marginal for the search (0: full resolution); the answer is re-checked at full resolution")
+    ap.add_argument("--slo", help="9 slowdown limits TTFT,TBT,E2E x P50,P90,P99 (default Table VI: 2,3,6,1.25,1.5,5,1.25,1.5,5)")
+    ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
+    ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs (docs/specs.md)")
+    ap.add_argument("--phase-model", default="calibrated", choices=PHASE_MODELS)
+    ap.add_argument("--transfer-mode", default="serialized", choices=TRANSFER_MODES)
+    ap.add_argument("--steps", type=_cli.positive_int, help="gradient steps per augmented-Lagrangian round (default 30)")
+    ap.add_argument("--verify", action="store_true", help="also evaluate the exhaustive integer grid and compare")
+    ap.add_argument("--no-prune", action="store_true", help="with --verify: evaluate every cell (no exact pruning)")
+    ap.add_argument("--compare-designs", action="store_true",
+                    help="solve the same problem for every design; print the Fig. 18/19-style table")
+    ap.add_argument("--designs", help="comma-separated designs for --compare-designs (default: all)")
+    ap.add_argument("--baseline", default="baseline-h100", choices=sorted(DESIGNS),
+                    help="design the --compare-designs table is normalised to")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--plot", metavar="PATH", help="write the objective over the (prompt, token) plane (Fig. 12 view)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
+    return ap
+
+
+def _check_flags(args) -> None:
+    """Flags that contradict each other or the objective (ValueError naming them)."""
+    if args.objective != "throughput" and (args.power_budget is not None or args.cost_budget is not None):
+        raise ValueError(f"--power-budget / --cost-budget apply to --objective throughput, not {args.objective!r} "
+                         "(use --rate)")
+    if args.objective == "throughput" and args.rate is not None:
+        raise ValueError("--rate is the answer of --objective throughput; give --power-budget or --cost-budget")
+    if args.cap_step > 1.0:
+        raise ValueError(f"--cap-step must be a fraction of TDP in (0, 1], got {args.cap_step:g}")
+    if args.no_prune and not args.verify:
+        raise ValueError("--no-prune applies to --verify only; add --verify or drop --no-prune")
+    if args.designs is not None and not args.compare_designs:
+        raise ValueError("--designs lists the designs of --compare-designs; add --compare-designs (or use --design)")
+    if args.compare_designs and args.verify:
+        raise ValueError("--verify checks one design's answer; it does not combine with --compare-designs")
+
+
+def main(argv=None) -> int:
+    """Command-line entry point (see docs/optimize.md); bad input exits 2 with a message."""
+    _cli.float64()  # before any array is built (the precision policy of every CLI)
+    from splitwise_jax.designs import DESIGNS, make_cluster
+    from splitwise_jax.workload import coarsen
+    from splitwise_jax.workload import workload as load_workload
+
+    t_start = time.perf_counter()
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    with _cli.input_errors(ap):
+        _check_flags(args)
+        if args.plot is not None:
+            _cli.output_file("--plot", args.plot)
+        if args.specs is not None:
+            load_specs(_cli.input_file("--specs", args.specs))
+        check_choice("--model", args.model, llm_names())
+        slo = _parse_slo(args.slo) if args.slo else paper.TABLE_VI_SLO
+        problem = Problem(args.objective, rate_per_s=args.rate, power_budget_kw=args.power_budget,
+                          cost_budget_per_h=args.cost_budget, slo=slo, free_caps=args.free_caps,
+                          cap_step=args.cap_step, max_machines=args.max_machines)
+        config = SolverConfig() if args.steps is None else SolverConfig(steps_per_round=args.steps)
+        designs = [args.design]
+        if args.compare_designs:
+            designs = [d.strip() for d in args.designs.split(",")] if args.designs else list(DESIGNS)
+            for d in designs:
+                check_choice("--designs", d, sorted(DESIGNS))
+            if args.baseline not in designs:
+                designs.append(args.baseline)
+        kw = dict(model=args.model, phase_model=args.phase_model, transfer_mode=args.transfer_mode)
+        clusters = {d: make_cluster(d, 1.0, 1.0, **kw) for d in designs}
+        for d in designs:  # structural checks before any compilation
+            if not args.compare_designs or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
+                free_flags(clusters[d], problem.free_caps)
+        wl_full = load_workload(args.workload, args.rate if args.objective != "throughput" else None)
+        wl = coarsen(wl_full, args.bins, args.bins) if args.bins else wl_full
+        for d in designs:  # budgets that cannot buy a machine per pool, pool bounds
+            if not args.compare_designs or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
+                make_spec(clusters[d], wl, problem)
+
+    if not args.no_cache:
+        _enable_cache()
+    progress = not args.quiet and not (args.json and not sys.stderr.isatty())
+    bins_text = "all workload classes" if not args.bins else f"{len(wl.prompt_tokens)}x{len(wl.output_tokens)} classes"
+    load = (f"at {float(np.asarray(wl.rate_per_s)) if problem.rate_per_s is None else problem.rate_per_s:g} req/s"
+            if problem.objective != "throughput" else
+            "under " + " and ".join(t for t in (
+                f"{problem.power_budget_kw:g} kW provisioned" if problem.power_budget_kw else "",
+                f"${problem.cost_budget_per_h:g}/h" if problem.cost_budget_per_h else "") if t))
+    goal = {"cost": "minimise cost", "power": "minimise provisioned power", "throughput": "maximise throughput"}[
+        problem.objective]
+
+    if args.compare_designs:
+        t0 = time.perf_counter()
+        results = compare_designs(lambda d: clusters[d], designs, wl, problem, config, progress=progress)
+        wall = time.perf_counter() - t0
+        if args.json:
+            out = dict(workload=args.workload, objective=problem.objective, problem=problem_kind(problem),
+                       baseline=args.baseline, wall_s=wall,
+                       designs={d: _result_dict(r, clusters[d].kind == "splitwise", None, None, r.timings_s["gradient"])
+                                for d, r in results.items()},
+                       headlines=headline_ratios(results, problem))
+            print(json.dumps(out, indent=2))
+        else:
+            _print_compare(results, clusters, problem, args.baseline,
+                           f"{args.workload}: {goal} {load}, every design ({bins_text}); normalised to {args.baseline}")
+            print(f"  ({wall:.1f} s for {len(results)} designs, {time.perf_counter() - t_start:.1f} s from start)")
+        if args.plot:
+            with _cli.input_errors(ap):  # no feasible reference to normalise to
+                fig = plot_compare(results, args.baseline)
+            fig.savefig(args.plot, dpi=120)
+        return 0
+
+    cluster = clusters[args.design]
+    t0 = time.perf_counter()
+    res = optimize(cluster, wl, problem, config, progress=progress)
+    opt_wall = time.perf_counter() - t0
+    full = None
+    if args.bins and res.best is not None:
+        full = evaluate_candidate(cluster, wl_full, res.best, problem, config)
+    grid = None
+    if args.verify:
+        grid = grid_search(cluster, wl, problem, config, incumbent=res.best, prune=not args.no_prune,
+                           progress=progress)
+    fig12 = (args.design == paper.FIG12["design"] and args.workload == paper.FIG12["workload"]
+             and problem.objective == "cost" and abs(float(np.asarray(wl.rate_per_s)) - paper.FIG12["rate_per_s"]) < 1e-9)
+    if args.json:
+        d = _result_dict(res, cluster.kind == "splitwise", full, grid, opt_wall)
+        d.update(workload=args.workload, problem=dict(kind=problem_kind(problem), **dataclasses.asdict(problem)),
+                 bins=args.bins, wall_s_from_start=time.perf_counter() - t_start)
+        if fig12:
+            d["paper"] = {k: paper.FIG12[k] for k in ("prompt_machines", "token_machines")}
+        print(json.dumps(d, indent=2))
+    else:
+        _print_result(res, cluster, f"{_label(args.design)} on {args.workload}: {goal} {load} ({bins_text})",
+                      full, grid, opt_wall, bins_text, fig12)
+        print(f"  {time.perf_counter() - t_start:.1f} s from process start")
+    if args.plot:
+        with _cli.input_errors(ap):  # nothing feasible to centre the plane on
+            fig = plot_plane(res, cluster, wl, problem, config, grid, progress)
+        fig.savefig(args.plot, dpi=120)
+    return 0
