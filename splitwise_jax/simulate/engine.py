@@ -82,7 +82,7 @@ class _Task:
         self.npre = 0               # times passed over while waiting (SplitwiseSim's preemptions)
         self.gen = 0                # decode tokens generated (while out of a batch)
         self.sel = -1               # batch-selection stamp
-        self.pq = None              # its pending-queue entry
+        self.pq = None              # unused (kept for the slot layout)
         self.done = 0               # prompt tokens processed (chunked prefill)
         self.fin = 0                # in a batch: the machine's iteration count at which it finishes
         self.hv = 0                 # version of its finish-heap entry
@@ -112,7 +112,7 @@ class Machine:
         self.mem = weights          # bytes allocated
         self.smem = weights         # bytes the scheduler has promised
         self.spt = 0                # scheduled pending tokens
-        self.pq: list = []          # pending queue: (npre when queued, arrival, seq, task)
+        self.pq: list = []          # pending queue of tasks (see `add_pending` for its order)
         self.ppq: dict = {}         # pending prompts, insertion order
         self.blocked: dict = {}     # preempted decodes, insertion order
         self.batch: list = []       # running tasks: surviving old ones in order, then new ones
@@ -196,19 +196,21 @@ class _Sim:
             m = timing.machine
             return float(m.gpus_per_machine) * float(m.gpu.hbm_bytes) * (1.0 - reserve)
 
-        machines = []
+        # Names as SplitwiseSim's per-request records give them (<hardware>_<index>, one
+        # index sequence): prompt pool first when both pools share the hardware, token
+        # pool first otherwise (its cluster configs list that server type first).
         n_p = _whole("n_prompt", cluster.n_prompt)
         hw_p = _hw_name(cluster.prompt)
+        n_t = _whole("n_token", cluster.n_token) if cluster.kind != "baseline" else 0
+        hw_t = _hw_name(cluster.token) if n_t else hw_p
+        first_p, first_t = (0, n_p) if hw_t == hw_p else (n_t, 0)
+        machines = []
         for i in range(n_p):
-            machines.append(Machine(len(machines), f"{hw_p}_{i}", "prompt", fast["prompt"],
+            machines.append(Machine(len(machines), f"{hw_p}_{first_p + i}", "prompt", fast["prompt"],
                                     capacity(cluster.prompt), weights))
-        if cluster.kind != "baseline":
-            n_t = _whole("n_token", cluster.n_token)
-            hw_t = _hw_name(cluster.token)
-            offset = n_p if hw_t == hw_p else 0
-            for i in range(n_t):
-                machines.append(Machine(len(machines), f"{hw_t}_{offset + i}", "token", fast["token"],
-                                        capacity(cluster.token), weights))
+        for i in range(n_t):
+            machines.append(Machine(len(machines), f"{hw_t}_{first_t + i}", "token", fast["token"],
+                                    capacity(cluster.token), weights))
         self.machines = machines
         self.prompt_pool = [m for m in machines if m.pool == "prompt"]
         self.token_pool = [m for m in machines if m.pool == "token"]
@@ -375,22 +377,33 @@ class _Sim:
         m.mem += delta
 
     def add_pending(self, m: Machine, t: _Task, preempted: bool = False) -> None:
-        self.seq += 1
-        r = t.r
-        entry = (t.npre, self.arrival[r], self.seq, t)
-        t.pq = entry
-        bisect.insort(m.pq, entry)
+        """Queue a task. SplitwiseSim inserts with `bisect.insort` keyed by (preemptions,
+        request arrival) evaluated *at insertion time on the entries it probes*, whose
+        counts have grown since they were queued; the list is not sorted by any fixed key,
+        so the same binary search is reproduced here (a fixed key reorders the queue and
+        changes which task "preempted too often" is found first)."""
+        arrival = self.arrival
+        q = m.pq
+        key = (t.npre, arrival[t.r])
+        lo, hi = 0, len(q)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = q[mid]
+            if key < (e.npre, arrival[e.r]):
+                hi = mid
+            else:
+                lo = mid + 1
+        q.insert(lo, t)
         if preempted:
             m.blocked[t] = None
         if t.is_prompt:
             m.ppq[t] = None
+        r = t.r
         if self.pool[r][0] is t:
             bisect.insort(m.waitr, r)
 
     def remove_pending(self, m: Machine, t: _Task) -> None:
-        q = m.pq
-        del q[bisect.bisect_left(q, t.pq)]
-        t.pq = None
+        m.pq.remove(t)
         if m.blocked:
             m.blocked.pop(t, None)
         if t.is_prompt:
@@ -456,8 +469,7 @@ class _Sim:
         mem = m.mem
         cap = m.max_mem
         # 1. tasks passed over max_preemptions times (queue order; stops at the first that was not)
-        for entry in m.pq:
-            t = entry[3]
+        for t in m.pq:
             if t.npre < max_pre:
                 break
             if nb == max_bs or (nb and bt + t.tpi > max_bt):
@@ -564,8 +576,7 @@ class _Sim:
         it = m.it
         grown = 0.0
         for t in new:
-            del pq[bisect.bisect_left(pq, t.pq)]
-            t.pq = None
+            pq.remove(t)
             r = t.r
             if pool[r][0] is t:
                 del waitr[bisect.bisect_left(waitr, r)]
@@ -732,7 +743,7 @@ class _Sim:
         self.submit(dest, self.ttask[r])
         # the source may have been waiting for this memory
         if src.pq and self.chunk is None:
-            t = src.pq[0][3]
+            t = src.pq[0]
             if not src.batch:
                 if src.mem + t.mem <= src.max_mem:
                     self.start_block(src)
