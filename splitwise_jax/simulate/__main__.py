@@ -23,42 +23,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
+
+from splitwise_jax import _cli
 
 # Long runs show a progress bar on stderr (tqdm) from this many requests on.
 PROGRESS_FROM_REQUESTS = 20_000
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return v
-
-
 def _whole_machines(text: str) -> int:
-    v = _positive_float(text)
+    v = _cli.positive_float(text)
     if abs(v - round(v)) > 1e-9:
         raise argparse.ArgumentTypeError(f"must be a whole number of machines (the simulator runs each one), "
                                          f"got {text!r}")
     return int(round(v))
-
-
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
-        return v
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,49 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token-machines", type=_whole_machines, help="token machines (Splitwise; DGX-A100 for HA)")
     ap.add_argument("--workload", default=None,
                     help="coding, conversation, or a trace CSV whose sizes are sampled (default coding)")
-    ap.add_argument("--rate", type=_positive_float,
+    ap.add_argument("--rate", type=_cli.positive_float,
                     help="Poisson arrival rate, req/s (default: 70 for presets, the trace's for a CSV workload)")
-    ap.add_argument("--horizon", type=_positive_float, default=None, help="length of the arrival window, s (120)")
+    ap.add_argument("--horizon", type=_cli.positive_float, default=None, help="length of the arrival window, s (120)")
     ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
     ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs")
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
     ap.add_argument("--transfer", choices=TRANSFER_MODES, default="serialized", help="KV-cache transfer mode")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the keys of evaluate --json)")
-    ap.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of the sampled arrivals and sizes")
+    ap.add_argument("--seed", type=_cli.nonnegative_int, default=0, help="seed of the sampled arrivals and sizes")
     ap.add_argument("--trace", metavar="CSV", help="replay this trace with its own arrival times")
     ap.add_argument("--requests-out", metavar="CSV", help="write one row per request here")
     ap.add_argument("--machines-out", metavar="CSV", help="write per-machine utilisation here")
     ap.add_argument("--histogram-out", metavar="CSV",
                     help="write the time-weighted active-token histograms (per pool) here")
-    ap.add_argument("--chunked-prefill", type=_int_at_least(1), metavar="TOKENS",
+    ap.add_argument("--chunked-prefill", type=_cli.positive_int, metavar="TOKENS",
                     help="chunked prefill with this prompt-token budget per iteration (baseline designs)")
     bar = ap.add_mutually_exclusive_group()
     bar.add_argument("--progress", action="store_true", help="always show a progress bar")
     bar.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     return ap
-
-
-def _output_path(ap, flag: str, path: str | None) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        ap.error(f"{flag} {p}: is a folder; give a file name")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        ap.error(f"{flag} {p}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        ap.error(f"{flag} {p}: folder {parent} is not writable")
-    return p
-
-
-def _input_path(ap, flag: str, path: str) -> Path:
-    p = Path(path)
-    if not p.is_file():
-        ap.error(f"{flag} {p}: no such file")
-    if not os.access(p, os.R_OK):
-        ap.error(f"{flag} {p}: not readable")
-    return p
 
 
 def make_trace(a, ap):
@@ -128,14 +84,14 @@ def make_trace(a, ap):
     if a.trace is not None:
         if a.rate is not None or a.horizon is not None or a.workload is not None:
             ap.error("--trace replays its own arrivals: drop --workload, --rate and --horizon")
-        return trace_mod.from_csv(_input_path(ap, "--trace", a.trace))
+        return trace_mod.from_csv(_cli.input_file("--trace", a.trace))
     horizon = 120.0 if a.horizon is None else a.horizon
     name = "coding" if a.workload is None else a.workload
     if name.lower() in ("coding", "code", "conversation", "conv"):
         wl = load_workload(name)
         rate = 70.0 if a.rate is None else a.rate
         return trace_mod.poisson(wl, rate, horizon, a.seed)
-    df = load_trace(_input_path(ap, "--workload", name))
+    df = load_trace(_cli.input_file("--workload", name))
     if a.rate is None:
         gaps = np.diff(df["arrival_s"].to_numpy())
         if gaps.size < 1 or gaps.mean() <= 0:
@@ -159,9 +115,7 @@ def make_trace(a, ap):
 
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)  # before any array is built
+    _cli.float64()  # before any array is built (the precision policy of every CLI)
     ap = build_parser()
     a = ap.parse_args(argv)
 
@@ -179,19 +133,17 @@ def main(argv=None) -> int:
         sizes = (a.prompt_machines, a.token_machines)
     if a.chunked_prefill is not None and not baseline:
         ap.error("--chunked-prefill runs on colocated (baseline) designs, where each machine runs both phases")
-    outs = {flag: _output_path(ap, flag, path) for flag, path in
-            (("--requests-out", a.requests_out), ("--machines-out", a.machines_out),
-             ("--histogram-out", a.histogram_out))}
-    try:
+    with _cli.input_errors(ap):
+        outs = {flag: (_cli.output_file(flag, path) if path is not None else None) for flag, path in
+                (("--requests-out", a.requests_out), ("--machines-out", a.machines_out),
+                 ("--histogram-out", a.histogram_out))}
         if a.specs is not None:
             from splitwise_jax.catalog import load_specs
-            load_specs(_input_path(ap, "--specs", a.specs))
+            load_specs(_cli.input_file("--specs", a.specs))
         tr = make_trace(a, ap)
         cluster = make_cluster(a.design, sizes[0], sizes[1] if not baseline else 0.0, model=a.model,
                                phase_model=a.phase_model, transfer_mode=a.transfer)
         config = SimConfig(chunked_prefill_tokens=a.chunked_prefill)
-    except (ValueError, OSError, KeyError) as e:
-        ap.error(str(e).strip("'\"") or type(e).__name__)
     show = (a.progress or len(tr) >= PROGRESS_FROM_REQUESTS) and not a.no_progress
     res = simulate(cluster, tr, config, progress=show)
     d = res.metrics

@@ -69,8 +69,8 @@ _INF = float("inf")
 
 
 class _Task:
-    __slots__ = ("r", "is_prompt", "size", "tpi", "mem", "state", "npre", "gen", "sel", "pq", "done", "fin", "hv",
-                 "bj")
+    __slots__ = ("r", "is_prompt", "size", "tpi", "mem", "state", "npre", "gen", "sel", "wbase", "done", "fin",
+                 "hv", "bj")
 
     def __init__(self, r: int, is_prompt: bool, size: int, mem: float):
         self.r = r
@@ -79,10 +79,11 @@ class _Task:
         self.tpi = size if is_prompt else 1   # tokens per iteration
         self.mem = mem              # KV bytes this task allocates when it starts
         self.state = 0
-        self.npre = 0               # times passed over while waiting (SplitwiseSim's preemptions)
+        self.npre = 0               # times passed over while waiting (SplitwiseSim's preemptions), up
+                                    # to when it last became its request's first waiting task here
+        self.wbase = -1             # the machine's selection count then (-1: not such a task)
         self.gen = 0                # decode tokens generated (while out of a batch)
         self.sel = -1               # batch-selection stamp
-        self.pq = None              # unused (kept for the slot layout)
         self.done = 0               # prompt tokens processed (chunked prefill)
         self.fin = 0                # in a batch: the machine's iteration count at which it finishes
         self.hv = 0                 # version of its finish-heap entry
@@ -100,7 +101,7 @@ class Machine:
     __slots__ = ("idx", "name", "pool", "ft", "max_mem", "mem", "smem", "spt", "pq", "ppq", "blocked",
                  "batch", "btok", "preq", "waitr", "t0", "dt", "k", "start", "pause", "ver", "mixed",
                  "bP", "bn", "bS", "bB", "bC", "weights", "mem_t", "mem_area", "decodes", "prompts_run",
-                 "decodes_run", "chunks", "it", "finq", "bprompts", "sum_base", "sum_fin", "n_prompt_b")
+                 "decodes_run", "chunks", "it", "finq", "bprompts", "sum_base", "sum_fin", "n_prompt_b", "nsel")
 
     def __init__(self, idx: int, name: str, pool: str, ft, max_mem: float, weights: float):
         self.idx = idx
@@ -140,6 +141,10 @@ class Machine:
         self.sum_base = 0           # sum over running decodes of prompt + 1 + decode tokens
         self.sum_fin = 0            # sum over running decodes of fin
         self.n_prompt_b = 0
+        # Selections so far. Every selection passes over each request whose first task
+        # waits; rather than touching them all, such a task's count is read as
+        # npre + nsel - wbase (read so in `add_pending` and `select`).
+        self.nsel = 0
 
 
 class RawResult(NamedTuple):
@@ -384,12 +389,13 @@ class _Sim:
         changes which task "preempted too often" is found first)."""
         arrival = self.arrival
         q = m.pq
+        nsel = m.nsel
         key = (t.npre, arrival[t.r])
         lo, hi = 0, len(q)
         while lo < hi:
             mid = (lo + hi) // 2
             e = q[mid]
-            if key < (e.npre, arrival[e.r]):
+            if key < (e.npre + nsel - e.wbase if e.wbase >= 0 else e.npre, arrival[e.r]):
                 hi = mid
             else:
                 lo = mid + 1
@@ -401,6 +407,7 @@ class _Sim:
         r = t.r
         if self.pool[r][0] is t:
             bisect.insort(m.waitr, r)
+            t.wbase = nsel
 
     def remove_pending(self, m: Machine, t: _Task) -> None:
         m.pq.remove(t)
@@ -412,6 +419,8 @@ class _Sim:
         if self.pool[r][0] is t:
             w = m.waitr
             del w[bisect.bisect_left(w, r)]
+            t.npre += m.nsel - t.wbase
+            t.wbase = -1
 
     def submit(self, m: Machine, t: _Task) -> None:
         """A task arrives at a machine (SplitwiseSim's `task_arrival`)."""
@@ -469,8 +478,9 @@ class _Sim:
         mem = m.mem
         cap = m.max_mem
         # 1. tasks passed over max_preemptions times (queue order; stops at the first that was not)
+        nsel = m.nsel
         for t in m.pq:
-            if t.npre < max_pre:
+            if (t.npre + nsel - t.wbase if t.wbase >= 0 else t.npre) < max_pre:
                 break
             if nb == max_bs or (nb and bt + t.tpi > max_bt):
                 break
@@ -580,6 +590,8 @@ class _Sim:
             r = t.r
             if pool[r][0] is t:
                 del waitr[bisect.bisect_left(waitr, r)]
+                t.npre += m.nsel - t.wbase
+                t.wbase = -1
             batch.append(t)
             seq += 1
             t.bj = seq
@@ -609,9 +621,7 @@ class _Sim:
         self.seq = seq
         if grown:
             self.set_mem(m, grown)
-        pool = self.pool
-        for r in m.waitr:
-            pool[r][0].npre += 1
+        m.nsel += 1  # passes over every request whose first task still waits (see Machine.nsel)
         if not batch:
             if not m.preq:
                 self.notify_free(m)
@@ -698,6 +708,7 @@ class _Sim:
             elif self.chunk is None:
                 # the chained decode is now the request's first task here, and waiting
                 bisect.insort(m.waitr, r)
+                tt.wbase = m.nsel
         else:
             m.spt -= 1
             m.sum_base -= self.psize[r] + 1 + t.size
