@@ -28,6 +28,11 @@ class GPU:
     Attributes:
         name: catalogue name, e.g. "a100-80gb" (static).
         peak_flops_per_s: dense fp16/bf16 tensor-core FLOP/s (no sparsity).
+        peak_fp8_flops_per_s: dense fp8 tensor-core FLOP/s (no sparsity), used by models
+            with fp8 weights; None for a GPU without fp8 tensor cores, whose fp8 weights
+            are up-converted and run at `peak_flops_per_s` (catalogue GPUs state it
+            explicitly, e.g. A100 = its fp16 figure, so all of them share one pytree
+            structure and stack for `jax.vmap`).
         hbm_bytes: HBM capacity in bytes.
         hbm_bw_bytes_per_s: HBM bandwidth in bytes/s.
         tdp_w: board power limit at full clock (W).
@@ -41,14 +46,22 @@ class GPU:
     tdp_w: float
     idle_w: float
     min_cap_w: float
+    peak_fp8_flops_per_s: float | None = None
     name: str = field(default="custom-gpu", metadata=_STATIC)
 
     def __post_init__(self):
         # Only plain numbers are checked: JAX rebuilds these classes with tracers and with
         # cotangents (which may be negative) when differentiating with respect to them.
-        for f in ("peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s", "tdp_w", "idle_w", "min_cap_w"):
+        for f in ("peak_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s", "tdp_w", "idle_w", "min_cap_w",
+                  "peak_fp8_flops_per_s"):
             if isinstance(getattr(self, f), (int, float)):
                 check_positive(f"GPU({self.name}).{f}", getattr(self, f))
+
+    def peak_flops_for(self, fp8: bool):
+        """Dense tensor-core FLOP/s for fp8 GEMMs (`fp8=True`) or fp16/bf16 ones."""
+        if fp8 and self.peak_fp8_flops_per_s is not None:
+            return self.peak_fp8_flops_per_s
+        return self.peak_flops_per_s
 
 
 @jax.tree_util.register_dataclass
@@ -58,8 +71,9 @@ class Machine:
 
     Attributes:
         gpu: the accelerator.
-        nvlink_bytes_per_s: intra-machine bandwidth per GPU per direction (bytes/s).
-        ib_bytes_per_s: inter-machine (InfiniBand) bandwidth per GPU (bytes/s).
+        nvlink_bytes_per_s: intra-machine GPU-to-GPU bandwidth per GPU per direction
+            (NVLink, or AMD Infinity Fabric on MI300X platforms), bytes/s.
+        ib_bytes_per_s: inter-machine (InfiniBand or RoCE) bandwidth per GPU (bytes/s).
         cost_per_hour: rental cost of the whole machine ($/h).
         provisioned_power_w: power provisioned for the whole machine at an uncapped
             TDP (W); used for iso-power budgets. Scales with the power-cap fraction.

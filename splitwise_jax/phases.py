@@ -20,6 +20,18 @@ bookkeeping), which overlap:
     t_fixed   = [t_iter + L t_layer + prompts x t_prompt_seq + decodes x t_decode_seq
                  + decode context tokens x t_ctx_token] x (2,039 GB/s / bw)^fixed_bw_exponent
 
+Models beyond the paper's dense fp16 pair (docs/model.md, "Precision, MoE and MLA"):
+
+* Precision: weights and KV cache each have their own bytes per element
+  (`LLM.weight_dtype`, `LLM.kv_dtype`); fp8 weights run on fp8 tensor cores, `peak` =
+  `GPU.peak_fp8_flops_per_s`. The efficiencies (mfu_max, bw_eff, ...) are the fp16 fits.
+* MoE: FLOPs count active parameters only; the routed experts run at the GEMM
+  efficiency of the rows each expert sees, eff(k B / E_touched(B)). Weight traffic is
+  the resident weights plus the E_touched(B) = E (1 - (1 - k/E)^B) experts per MoE
+  layer that B tokens touch (`memory.streamed_weight_bytes_per_gpu`).
+* MLA: KV bytes from the cached latent, replicated on every GPU under TP; attention
+  FLOPs per (query, key) pair from its head widths (`LLM.attn_*_flops_coef`).
+
 `overlap_p(a, b) = (a^p + b^p)^(1/p)` with p = `overlap_p` >= 1: p = 1 is strictly serial
 (the sum), large p full overlap (the max). Why this form, from the profiles (SplitwiseSim
 ``perf_model.csv``; docs/calibration.md has the numbers):
@@ -77,7 +89,7 @@ from splitwise_jax._validate import check_positive, check_range, is_concrete
 from splitwise_jax.batch import Batch
 from splitwise_jax.hardware import GPU, Machine
 from splitwise_jax.llm import LLM
-from splitwise_jax.memory import kv_bytes_per_token, resolve_tp, weights_bytes_per_gpu
+from splitwise_jax.memory import experts_touched, kv_bytes_per_token_stored, resolve_tp, streamed_weight_bytes_per_gpu
 from splitwise_jax.params import PhaseParams
 from splitwise_jax import power as _power
 
@@ -190,6 +202,39 @@ def gemm_efficiency(params: PhaseParams, new_tokens):
     return params.mfu_max * rise / fall
 
 
+def tokens_per_expert(llm: LLM, new_tokens):
+    """Rows each touched routed expert's GEMM sees: k B / E_touched(B) (MoE models).
+
+    Tends to k / (-E log(1 - k/E)) (~1) as B -> 0 and to k B / E for large batches.
+    """
+    k = float(llm.moe.experts_per_token)
+    b = jnp.asarray(new_tokens, dtype=float)
+    # double where: at B = 0 the ratio is 0/0, and the untaken branch's gradient would
+    # still flow (NaN x 0); evaluate it at a safe B and take the limit there instead
+    ok = b > 1e-6
+    b_safe = jnp.where(ok, b, 1.0)
+    e = float(llm.moe.n_experts)
+    limit = k / (e * -np.log1p(-k / e)) if k < e else k / e
+    return jnp.where(ok, k * b_safe / experts_touched(llm, b_safe), limit)
+
+
+def _moe_compute_s(params: PhaseParams, llm: LLM, new, attn_flops, peak_flops_per_s):
+    """Compute time of an MoE iteration (s): active parameters only.
+
+    The resident weights (attention, dense and shared-expert MLPs, embeddings) and the
+    attention run at the GEMM efficiency of all `new` tokens; the routed experts' 2 x
+    (k experts' parameters) FLOPs per token run at the efficiency of the rows each
+    touched expert sees (`tokens_per_expert`), which is what makes small MoE batches
+    inefficient.
+    """
+    m = llm.moe
+    routed_active = float(m.n_moe_layers * m.experts_per_token * llm.expert_params)
+    resident = llm.n_params - llm.routed_expert_params
+    return (safe_div(2.0 * resident * new + attn_flops, peak_flops_per_s * gemm_efficiency(params, new))
+            + safe_div(2.0 * routed_active * new,
+                       peak_flops_per_s * gemm_efficiency(params, tokens_per_expert(llm, new))))
+
+
 def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, tp: int | None = None,
               cap_frac=1.0) -> IterationBreakdown:
     """Latency and power of one iteration of a model instance.
@@ -217,15 +262,20 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
         check_positive(f"batch.{f}", getattr(batch, f), allow_zero=True, unit="(count)")
     L, d = llm.n_layers, llm.d_model
     new = batch.new_tokens
-    # attention runs at attn_eff of the GEMMs' efficiency (softmax, masking, s^2 scores)
-    flops = (2.0 * llm.n_params * new
-             + (2.0 * L * d * jnp.asarray(batch.prompt_sq_tokens)
-                + 4.0 * L * d * jnp.asarray(batch.decode_ctx_tokens)) / params.attn_eff)
-    compute = safe_div(flops, tp * gpu.peak_flops_per_s * gemm_efficiency(params, new))
+    peak = gpu.peak_flops_for(llm.fp8_compute)
+    # attention runs at attn_eff of the GEMMs' efficiency (softmax, masking, s^2 scores);
+    # the coefficients are exact integers, so for the paper's models this is bit for bit
+    # the former 2 L d sum(s^2) + 4 L d sum(c)
+    attn = (float(llm.attn_prompt_flops_coef) * jnp.asarray(batch.prompt_sq_tokens)
+            + float(llm.attn_decode_flops_coef) * jnp.asarray(batch.decode_ctx_tokens)) / params.attn_eff
+    if llm.moe is None:
+        compute = safe_div(2.0 * llm.n_params * new + attn, tp * peak * gemm_efficiency(params, new))
+    else:
+        compute = _moe_compute_s(params, llm, new, attn, tp * peak)
 
-    kv_tok = kv_bytes_per_token(llm)
+    kv_tok = kv_bytes_per_token_stored(llm, tp)
     bw = gpu.hbm_bw_bytes_per_s
-    memory = (weights_bytes_per_gpu(llm, tp) / (bw * params.bw_eff)
+    memory = (streamed_weight_bytes_per_gpu(llm, tp, new) / (bw * params.bw_eff)
               + jnp.asarray(batch.decode_ctx_tokens) * kv_tok / tp / (bw * params.kv_bw_eff)
               + new * kv_tok / tp / (bw * params.bw_eff))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -103,8 +104,8 @@ def test_parameter_counts_follow_from_the_architecture():
 def test_unknown_names_list_the_accepted_ones():
     with pytest.raises(ValueError, match=r"gpu must be one of \[.*'a100-80gb'.*'h100-80gb'.*\], got 'v100'"):
         get_gpu("v100")
-    with pytest.raises(ValueError, match=r"machine must be one of \[.*'dgx-a100'.*\], got 'dgx-b200'"):
-        get_machine("dgx-b200")
+    with pytest.raises(ValueError, match=r"machine must be one of \[.*'dgx-a100'.*\], got 'dgx-z100'"):
+        get_machine("dgx-z100")
     with pytest.raises(ValueError, match=r"model must be one of \[.*'bloom-176b'.*'llama2-70b'.*\], got 'gpt-4'"):
         get_llm("gpt-4")
 
@@ -147,10 +148,12 @@ def test_pytree_leaves_are_the_numeric_fields():
     g = m.gpu
     leaves = jax.tree_util.tree_leaves(m)
     assert leaves == [g.peak_flops_per_s, g.hbm_bytes, g.hbm_bw_bytes_per_s, g.tdp_w, g.idle_w, g.min_cap_w,
-                      m.nvlink_bytes_per_s, m.ib_bytes_per_s, m.cost_per_hour, m.provisioned_power_w,
-                      m.host_power_w, m.kv_setup_s]
+                      g.peak_fp8_flops_per_s, m.nvlink_bytes_per_s, m.ib_bytes_per_s, m.cost_per_hour,
+                      m.provisioned_power_w, m.host_power_w, m.kv_setup_s]
+    # precisions, MoE and MLA are architecture (static); the parameter count is the leaf
     llm = get_llm("llama2-70b")
-    assert jax.tree_util.tree_leaves(llm) == [llm.n_params, llm.bytes_per_param]
+    assert jax.tree_util.tree_leaves(llm) == [llm.n_params]
+    assert jax.tree_util.tree_leaves(get_llm("deepseek-v3")) == [get_llm("deepseek-v3").n_params]
     # names and shape-changing counts are static: they live in the tree structure
     assert jax.tree_util.tree_structure(m) != jax.tree_util.tree_structure(get_machine("dgx-a100"))
     rebuilt = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(m), leaves)
@@ -280,10 +283,10 @@ def test_missing_spec_file(tmp_path):
     (dict(llm=dict(d_ff=None, n_experts=8)), r"llm\[0\] .*missing fields \['d_ff'\], unknown fields \['n_experts'\]"),
     (dict(gpu=dict(hbm_gib=-80)), r"gpu\[0\]\.hbm_gib must be a non-negative number, got -80"),
     (dict(gpu=dict(peak_tflops="fast")), r"gpu\[0\]\.peak_tflops must be a non-negative number"),
-    (dict(gpu=dict(peak_tflops=0)), r"gpu\[0\]: GPU\(b200-\w+\)\.peak_flops_per_s must be > 0"),
+    (dict(gpu=dict(peak_tflops=0)), r"gpu\[0\] \(b200-\w+\): GPU\(b200-\w+\)\.peak_flops_per_s must be > 0"),
     (dict(llm=dict(n_layers=80.5)), r"llm\[0\]\.n_layers must be an integer >= 1, got 80\.5"),
-    (dict(llm=dict(n_kv_heads=7)), r"llm\[0\]: .*n_heads by n_kv_heads \(7\)"),
-    (dict(machine=dict(gpu="z100")), r"machine\[0\]: gpu must be one of \[.*'a100-80gb'.*\], got 'z100'"),
+    (dict(llm=dict(n_kv_heads=7)), r"llm\[0\] \(llama3-8b-\w+\): .*n_heads \(32\) must be divisible by n_kv_heads \(7\)"),
+    (dict(machine=dict(gpu="z100")), r"machine\[0\] \(dgx-b200-\w+\): gpu must be one of \[.*'a100-80gb'.*\], got 'z100'"),
     (dict(machine=dict(name="")), r"machine\[0\]\.name must be a non-empty string"),
     (dict(machine=dict(gpus=True)), r"machine\[0\]\.gpus must be an integer >= 1"),
 ])
@@ -306,3 +309,172 @@ def test_vmap_over_a_stack_of_machines():
     assert stacked.ib_bytes_per_s.shape == (2,) and stacked.name == "dgx-a100"
     out = jax.vmap(lambda m: m.ib_bytes_per_s * m.gpus_per_machine)(stacked)
     np.testing.assert_array_equal(out, [8 * 25e9, 8 * 50e9])
+
+
+# ---- issue 13: newer GPUs, machines and models ----------------------------------------------
+
+
+def test_new_gpus_in_si_units():
+    h100, h200, b200, mi = (get_gpu(n) for n in ("h100-80gb", "h200-141gb", "b200-180gb", "mi300x-192gb"))
+    # H200: the H100's compute and power with more and faster HBM
+    assert h200.peak_flops_per_s == h100.peak_flops_per_s == 989e12
+    assert h200.peak_fp8_flops_per_s == h100.peak_fp8_flops_per_s == 1979e12
+    assert (h200.hbm_bytes, h200.hbm_bw_bytes_per_s, h200.tdp_w) == (141 * GIB, 4.8e12, 700.0)
+    assert (b200.peak_flops_per_s, b200.peak_fp8_flops_per_s) == (2250e12, 4500e12)
+    assert (b200.hbm_bytes, b200.hbm_bw_bytes_per_s, b200.tdp_w) == (180 * GIB, 8e12, 1000.0)
+    assert (mi.peak_flops_per_s, mi.peak_fp8_flops_per_s) == (1307.4e12, 2614.9e12)
+    assert (mi.hbm_bytes, mi.hbm_bw_bytes_per_s, mi.tdp_w) == (192 * GIB, 5.3e12, 750.0)
+    # A100 has no fp8 tensor cores: its fp8 figure is its fp16 one
+    assert get_gpu("a100-80gb").peak_fp8_flops_per_s == get_gpu("a100-80gb").peak_flops_per_s
+    for g in (h200, b200, mi):
+        assert 0 < g.idle_w < g.min_cap_w < g.tdp_w
+        assert g.peak_fp8_flops_per_s == pytest.approx(2 * g.peak_flops_per_s, rel=0.001)
+
+
+def test_new_machines():
+    h200, b200, mi = (get_machine(n) for n in ("dgx-h200", "dgx-b200", "mi300x-x8"))
+    assert h200.gpu == get_gpu("h200-141gb") and b200.gpu == get_gpu("b200-180gb") and mi.gpu == get_gpu("mi300x-192gb")
+    assert h200.gpus_per_machine == b200.gpus_per_machine == mi.gpus_per_machine == 8
+    # NVLink 4 / NVLink 5 / Infinity Fabric (7 x 64 GB/s) per GPU per direction; 400 Gbps per GPU
+    assert (h200.nvlink_bytes_per_s, b200.nvlink_bytes_per_s, mi.nvlink_bytes_per_s) == (450e9, 900e9, 448e9)
+    assert h200.ib_bytes_per_s == b200.ib_bytes_per_s == mi.ib_bytes_per_s == 400e9 / 8
+    assert (h200.provisioned_power_w, b200.provisioned_power_w) == (10.2e3, 14.3e3)
+    # costs: the H100's $4.76 per GPU-hour scaled by the stated price ratios
+    h100 = get_machine("dgx-h100")
+    assert h200.cost_per_hour / h100.cost_per_hour == pytest.approx(1.35, rel=1e-12)
+    assert b200.cost_per_hour / h200.cost_per_hour == pytest.approx(1.67, rel=1e-12)
+    assert mi.cost_per_hour / h100.cost_per_hour == pytest.approx(0.79, rel=1e-12)
+    for m in (h200, b200, mi):
+        # the provisioned power covers the GPUs at TDP and the host
+        assert m.provisioned_power_w > m.gpus_per_machine * m.gpu.tdp_w + m.host_power_w
+
+
+def test_catalogue_machines_share_one_pytree_structure_once_named_alike():
+    """So pools of different machine types stack for jax.vmap (names are static)."""
+    structs = {jax.tree_util.tree_structure(
+        get_machine(n).replace(name="m", gpu=dataclasses.replace(get_machine(n).gpu, name="g")))
+        for n in catalog.machine_names() if n in ("dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "mi300x-x8")}
+    assert len(structs) == 1
+
+
+def test_new_models_precision_and_experts():
+    for name in ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mixtral-8x7b", "qwen2.5-72b"):
+        llm = get_llm(name)
+        assert (llm.weight_dtype, llm.kv_dtype) == ("bf16", "bf16") and llm.bytes_per_param == 2.0
+    ds = get_llm("deepseek-v3")
+    assert (ds.weight_dtype, ds.kv_dtype, ds.bytes_per_param, ds.kv_bytes_per_value) == ("fp8", "bf16", 1.0, 2.0)
+    # published totals / active (tests/test_hf_config.py checks every fixture to 2%)
+    assert float(ds.n_params) == pytest.approx(671e9, rel=0.02)
+    assert float(ds.n_active_params) == pytest.approx(37e9, rel=0.02)
+    mx = get_llm("mixtral-8x7b")
+    assert (float(mx.n_params), float(mx.n_active_params)) == (pytest.approx(46.7e9, rel=0.005),
+                                                               pytest.approx(12.9e9, rel=0.005))
+
+
+def test_spec_file_with_precision_moe_mla_and_a_config_json(tmp_path):
+    uid = _uid()
+    fixtures = Path(__file__).parent / "fixtures" / "hf_configs"
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_text((fixtures / "mixtral-8x7b" / "config.json").read_text())
+    text = f"""
+[[gpu]]
+name = "g-{uid}"
+peak_tflops = 1000
+peak_fp8_tflops = 2000
+hbm_gib = 96
+hbm_bw_gb_per_s = 4000
+tdp_w = 700
+idle_w = 100
+min_cap_w = 200
+
+[[llm]]
+name = "moe-{uid}"
+vocab_size = 32000            # n_params counted from the architecture
+n_layers = 32
+d_model = 4096
+n_heads = 32
+n_kv_heads = 8
+d_ff = 14336
+weight_dtype = "fp8"
+kv_dtype = "fp8"
+moe = {{ n_experts = 8, experts_per_token = 2, d_ff_expert = 14336 }}
+
+[[llm]]
+name = "mla-{uid}"
+n_params = 15.7e9
+n_layers = 27
+d_model = 2048
+n_heads = 16
+n_kv_heads = 16
+d_ff = 10944
+weight_dtype = "bfloat16"
+mla = {{ kv_lora_rank = 512, qk_rope_head_dim = 64, qk_nope_head_dim = 128, v_head_dim = 128 }}
+
+[[llm]]
+name = "hf-{uid}"
+hf_config = "models/config.json"   # relative to this file
+kv_dtype = "fp8"
+"""
+    path = tmp_path / "specs.toml"
+    path.write_text(text)
+    names = load_specs(path)
+    assert names == {"gpu": [f"g-{uid}"], "machine": [], "llm": [f"moe-{uid}", f"mla-{uid}", f"hf-{uid}"]}
+    assert get_gpu(f"g-{uid}").peak_fp8_flops_per_s == 2000e12
+    moe, hf = get_llm(f"moe-{uid}"), get_llm(f"hf-{uid}")
+    # the same architecture through both routes: the same parameter count
+    assert moe.n_params == hf.n_params == get_llm("mixtral-8x7b").n_params
+    assert (moe.weight_dtype, moe.kv_dtype, hf.weight_dtype, hf.kv_dtype) == ("fp8", "fp8", "bf16", "fp8")
+    assert moe.moe.n_moe_layers == 32  # default: every layer
+    mla = get_llm(f"mla-{uid}")
+    assert (mla.weight_dtype, mla.kv_dtype) == ("bf16", "bf16")
+    assert mla.kv_bytes_per_token() == 27 * 576 * 2
+
+
+def test_legacy_bytes_per_param_sets_weights_and_kv():
+    uid = _uid()
+    spec = _spec(uid)
+    spec["llm"][0]["bytes_per_param"] = 1
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "s.json"
+        p.write_text(json.dumps(spec))
+        load_specs(p)
+    llm = get_llm(f"llama3-8b-{uid}")
+    assert (llm.weight_dtype, llm.kv_dtype) == ("fp8", "fp8")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (dict(weight_dtype="fp4"), r"llm\[0\] \(x\): weight_dtype must be one of \["),
+    (dict(weight_dtype="fp8", bytes_per_param=1), r"llm\[0\] \(x\): give weight_dtype or the legacy bytes_per_param"),
+    (dict(bytes_per_param=3), r"llm\[0\] \(x\): bytes_per_param must be 4, 2 or 1"),
+    (dict(vocab_size=32000), r"llm\[0\] \(x\): give exactly one of n_params .* or vocab_size"),
+    (dict(moe={"n_experts": 8}), r"llm\[0\]\.moe: missing fields \['experts_per_token', 'd_ff_expert'\]"),
+    (dict(moe={"n_experts": 8, "experts_per_token": 9, "d_ff_expert": 100}),
+     r"llm\[0\] \(x\): MoE\.experts_per_token \(9\) must be <= n_experts \(8\)"),
+    (dict(moe={"n_experts": 8, "experts_per_token": 2, "d_ff_expert": 100, "top_k": 2}),
+     r"llm\[0\]\.moe: missing fields \[\], unknown fields \['top_k'\]"),
+    (dict(moe="mixtral"), r"llm\[0\]\.moe must be a table/object"),
+    (dict(mla={"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": -1}),
+     r"llm\[0\]\.mla\.v_head_dim must be an integer >= 1, got -1"),
+    (dict(hf_config="nowhere/config.json"), r"llm\[0\] \(x\): .*unknown fields \[.*'n_params'"),
+])
+def test_bad_llm_entries_name_file_entry_and_field(tmp_path, edit, message):
+    entry = dict(name="x", n_params=8e9, n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336) | edit
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"llm": [entry]}))
+    with pytest.raises(ValueError, match=message) as e:
+        load_specs(p)
+    assert str(p) in str(e.value)
+
+
+def test_a_bad_config_json_behind_a_spec_file_names_both(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
+    p = tmp_path / "s.toml"
+    p.write_text('[[llm]]\nname = "x"\nhf_config = "config.json"\n')
+    with pytest.raises(ValueError, match=r"s\.toml: llm\[0\] \(x\): config\.json .*config\.json: missing key "
+                                         r"'num_hidden_layers'"):
+        load_specs(p)
+    p.write_text('[[llm]]\nname = "x"\nhf_config = "absent/config.json"\n')
+    with pytest.raises(ValueError, match=r"llm\[0\] \(x\): config\.json .*absent.* does not exist"):
+        load_specs(p)

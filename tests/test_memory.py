@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.memory: weights, KV-cache bytes, capacity, max batch."""
+"""Tests for splitwise_jax.memory: weights, KV-cache bytes, capacity, max batch, MoE traffic, fit errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ import pytest
 from jax.test_util import check_grads
 
 from splitwise_jax.catalog import get_llm, get_machine
-from splitwise_jax.memory import fits, kv_bytes_per_token, kv_capacity_tokens, max_batch, weights_bytes_per_gpu
+from splitwise_jax.memory import (
+    check_fits,
+    experts_touched,
+    fits,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+    max_batch,
+    streamed_weight_bytes_per_gpu,
+    weights_bytes_per_gpu,
+)
 
 LLAMA, BLOOM = get_llm("llama2-70b"), get_llm("bloom-176b")
 DGX_A100, DGX_H100 = get_machine("dgx-a100"), get_machine("dgx-h100")
@@ -122,3 +131,91 @@ def test_dense_paper_models_memory_is_bit_identical_to_before():
         assert float(kv_bytes_per_token(llm)).hex() == kv["gqa"]
         assert float(kv_bytes_per_token(llm, ignore_gqa=True)).hex() == kv["ignore_gqa"]
         assert float(llm.weight_bytes).hex() == kv["weight_bytes"]
+
+
+# ---- precisions, MoE, MLA ------------------------------------------------------------------
+
+NEW_MACHINES = ("dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "mi300x-x8")
+
+
+@pytest.mark.parametrize("llm_name", ["llama3.1-70b", "mixtral-8x7b", "qwen2.5-72b", "deepseek-v3"])
+def test_an_fp8_kv_cache_holds_twice_the_tokens_of_fp16(llm_name):
+    llm = get_llm(llm_name)
+    fp16, fp8 = llm.replace(kv_dtype="fp16"), llm.replace(kv_dtype="fp8")
+    assert kv_bytes_per_token(fp8) == kv_bytes_per_token(fp16) / 2
+    for m in NEW_MACHINES:
+        machine = get_machine(m)
+        if fits(llm, machine):
+            # same weights, half the bytes per token: exactly twice (round-off only)
+            np.testing.assert_allclose(kv_capacity_tokens(fp8, machine), 2 * kv_capacity_tokens(fp16, machine),
+                                       rtol=1e-12)
+            np.testing.assert_allclose(max_batch(fp8, machine, 4096.0), 2 * max_batch(fp16, machine, 4096.0),
+                                       rtol=1e-12)
+
+
+def test_fp8_weights_halve_the_weight_bytes():
+    llm = get_llm("llama3.1-405b")
+    fp8 = llm.replace(weight_dtype="fp8")
+    assert fp8.weight_bytes == llm.weight_bytes / 2 and fp8.n_params == llm.n_params
+    # 811 GB of bf16 weights do not fit on 8 x 80 GiB; 406 GB of fp8 do
+    assert not fits(llm, DGX_H100) and fits(fp8, DGX_H100)
+
+
+def test_mla_latent_is_stored_on_every_gpu():
+    """DeepSeek-V3 under TP8: each GPU holds the whole 576-value latent of every token."""
+    ds, m = get_llm("deepseek-v3"), get_machine("dgx-h200")
+    assert ds.kv_replication(8) == 8.0
+    free = 8 * 141 * GIB - float(ds.weight_bytes)
+    np.testing.assert_allclose(kv_capacity_tokens(ds, m), free / (61 * 576 * 2 * 8), rtol=1e-12)
+    # GQA with at least tp KV heads stores each head once; fewer KV heads than GPUs replicate
+    assert get_llm("llama3.1-70b").kv_replication(8) == 1.0
+    assert get_llm("llama3.1-70b").replace(n_kv_heads=4).kv_replication(8) == 2.0
+
+
+def test_experts_touched_matches_uniform_top_k_routing():
+    """E (1 - (1 - k/E)^B) is the exact expectation when each token picks k distinct
+    experts uniformly: compared with a Monte-Carlo of 4,000 batches (tolerance 4
+    standard errors of the simulated mean, plus E / 4,000: the simulated mean cannot
+    resolve a shortfall smaller than that when every sample touches all E experts)."""
+    rng = np.random.default_rng(0)
+    for name in ("mixtral-8x7b", "deepseek-v3"):
+        llm = get_llm(name)
+        e, k = llm.moe.n_experts, llm.moe.experts_per_token
+        for b in (1, 3, 16, 64):
+            picks = np.argsort(rng.random((4000, b, e)), axis=-1)[..., :k]
+            touched = np.array([len(np.unique(p)) for p in picks])
+            se = touched.std() / np.sqrt(len(touched))
+            assert abs(float(experts_touched(llm, float(b))) - touched.mean()) <= 4 * se + e / 4000, (name, b)
+        assert float(experts_touched(llm, 1.0)) == pytest.approx(k, rel=1e-12)
+        assert float(experts_touched(llm, 1e5)) == pytest.approx(e, rel=1e-12)
+    # smooth, increasing, finite gradient at zero tokens
+    mx = get_llm("mixtral-8x7b")
+    g = jax.vmap(jax.grad(lambda b: experts_touched(mx, b)))(jnp.array([0.0, 0.5, 1.0, 8.0, 64.0]))
+    assert np.all(np.isfinite(g)) and np.all(g >= 0)
+    check_grads(lambda b: experts_touched(mx, b), (3.0,), order=2)
+
+
+def test_streamed_weights_lie_between_active_and_total():
+    for name, tp in (("mixtral-8x7b", 2), ("deepseek-v3", 8)):
+        llm = get_llm(name)
+        b = jnp.array([1.0, 4.0, 32.0, 256.0, 4096.0])
+        s = np.asarray(streamed_weight_bytes_per_gpu(llm, tp, b))
+        lo = float(llm.n_active_params) * llm.bytes_per_param / tp
+        hi = float(weights_bytes_per_gpu(llm, tp))
+        # rises with the batch until every expert is touched (then equal to the total)
+        assert np.all(np.diff(s) >= 0) and s[1] > s[0] and s[-1] == pytest.approx(hi, rel=1e-12)
+        assert s[0] == pytest.approx(lo, rel=1e-12) and np.all(s <= hi * (1 + 1e-12))
+    # dense models stream everything, whatever the batch
+    assert streamed_weight_bytes_per_gpu(LLAMA, 8, 1.0) == weights_bytes_per_gpu(LLAMA, 8)
+
+
+def test_models_that_do_not_fit_are_reported_clearly():
+    ds16 = get_llm("deepseek-v3").replace(weight_dtype="bf16", name="deepseek-v3-bf16")
+    assert not fits(ds16, DGX_A100)  # 1,342 GB of weights on 640 GiB
+    with pytest.raises(ValueError, match=r"deepseek-v3-bf16 \(bf16 weights, 1,342 GB\) does not fit on dgx-a100 "
+                                         r"at tp=8: 167\.8 GB of weights per GPU > 85\.9 GB of a100-80gb HBM"):
+        check_fits(ds16, DGX_A100)
+    check_fits(get_llm("deepseek-v3"), get_machine("dgx-h200"))  # fp8 on 8 x 141 GB: no error
+    # which catalogue pairs fit (weights only): the 405B model in bf16 needs > 80 GB per GPU
+    assert not fits(get_llm("llama3.1-405b"), DGX_H100)
+    assert all(fits(get_llm("llama3.1-405b"), get_machine(m)) for m in ("dgx-h200", "dgx-b200", "mi300x-x8"))

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from splitwise_jax import catalog
+from splitwise_jax import catalog, memory, provenance
 from splitwise_jax.batch import Batch
 from splitwise_jax.params import PRIOR, PhaseParams, default_params
 from splitwise_jax.phases import (
@@ -501,3 +501,191 @@ def test_dense_paper_models_are_bit_identical_to_the_calibrated_model():
         got = {k: float(getattr(r, k)).hex() for k in r._fields}
         want = {k: pin[k] for k in r._fields}
         assert got == want, pin
+
+
+# ---- models and machines beyond the paper: physical sanity --------------------------------
+# One jitted evaluator per model (its static architecture); machines and parameters are
+# traced arguments, so every catalogue machine reuses the compile once its names (static)
+# are blanked.
+
+NEW_MACHINES = ("dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "mi300x-x8")
+ALL_LLMS = ("bloom-176b", "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mixtral-8x7b",
+            "qwen2.5-72b", "deepseek-v3")
+FIT_PAIRS = [(m, l) for m in NEW_MACHINES for l in ALL_LLMS
+             if memory.fits(catalog.get_llm(l), catalog.get_machine(m))]
+# prompts (size, batch) and decodes (batch, context): the points every sanity check visits
+SANITY_PROMPTS = [(128.0, 1.0), (1024.0, 1.0), (8192.0, 1.0), (512.0, 8.0)]
+SANITY_DECODES = [(1.0, 512.0), (16.0, 2048.0), (128.0, 4096.0), (512.0, 1024.0)]
+
+
+def _anon(machine):
+    """The machine with its names blanked: every catalogue machine then has one pytree structure."""
+    return machine.replace(name="m", gpu=dataclasses.replace(machine.gpu, name="g"))
+
+
+def _sanity_batches():
+    p = [Batch.prompts(s, b) for s, b in SANITY_PROMPTS]
+    d = [Batch.decode(b, c) for b, c in SANITY_DECODES]
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *(p + d))
+
+
+_SANITY_FNS: dict = {}
+
+
+def _sanity_fn(llm):
+    """jit(vmap) latency over the sanity batches and its gradient, for one model."""
+    if llm not in _SANITY_FNS:
+        def lat(params, machine, n_params, batches):
+            m = llm.replace(n_params=n_params)
+            return jax.vmap(lambda b: iteration(params, machine, m, b).latency_s)(batches)
+
+        def loss(params, machine, n_params, scale):
+            b = jax.tree_util.tree_map(lambda x: x * scale, _sanity_batches())
+            return jnp.sum(jnp.log(lat(params, machine, n_params, b)))
+
+        _SANITY_FNS[llm] = (jax.jit(lat), jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))))
+    return _SANITY_FNS[llm]
+
+
+def _latencies(machine_name, llm, params=None, machine=None):
+    machine = machine if machine is not None else catalog.get_machine(machine_name)
+    params = params if params is not None else provenance.params_for(machine.gpu)[0]
+    lat, _ = _sanity_fn(llm)
+    return np.asarray(lat(params, _anon(machine), llm.n_params, _sanity_batches()))
+
+
+def test_every_catalogue_pair_that_fits_is_finite_positive_with_finite_gradients():
+    """Every catalogue machine x model whose weights fit: prompt and decode latencies
+    finite and positive, gradients with respect to the parameters, every machine field,
+    the model size and the batch finite."""
+    assert len(FIT_PAIRS) >= 30  # 5 machines x 8 models, less the pairs that do not fit
+    for machine_name, llm_name in FIT_PAIRS:
+        llm, machine = catalog.get_llm(llm_name), catalog.get_machine(machine_name)
+        params, _ = provenance.params_for(machine.gpu)
+        t = _latencies(machine_name, llm)
+        assert np.all(np.isfinite(t)) and np.all(t > 0), (machine_name, llm_name, t)
+        grads = _sanity_fn(llm)[1](params, _anon(machine), llm.n_params, 1.0)
+        for leaf in jax.tree_util.tree_leaves(grads):
+            assert np.all(np.isfinite(np.asarray(leaf))), (machine_name, llm_name)
+
+
+@pytest.mark.parametrize("faster,slower", [("dgx-b200", "dgx-h100"), ("dgx-h200", "dgx-h100"),
+                                           ("dgx-b200", "dgx-h200")])
+def test_newer_nvidia_machines_are_never_slower(faster, slower):
+    """A B200 (more FLOP/s, HBM and NVLink bandwidth) is never slower than an H100, nor an
+    H200 (more HBM bandwidth, same FLOP/s): prompt and decode, every model on both.
+    Tolerance ROUNDOFF: the transferred parameters equal the H100's exactly."""
+    for llm_name in ALL_LLMS:
+        llm = catalog.get_llm(llm_name)
+        if not (memory.fits(llm, catalog.get_machine(faster)) and memory.fits(llm, catalog.get_machine(slower))):
+            continue
+        assert np.all(_latencies(faster, llm) <= _latencies(slower, llm) * (1 + ROUNDOFF)), llm_name
+
+
+@pytest.mark.parametrize("machine_name,llm_name", [("dgx-h100", "llama3.1-70b"), ("dgx-b200", "mixtral-8x7b"),
+                                                   ("mi300x-x8", "deepseek-v3"), ("dgx-a100", "llama2-70b")])
+def test_more_hbm_bandwidth_is_never_slower(machine_name, llm_name):
+    llm, base = catalog.get_llm(llm_name), catalog.get_machine(machine_name)
+    params, _ = provenance.params_for(base.gpu)
+    prev = None
+    for s in (0.5, 1.0, 1.25, 1.5, 2.0, 4.0):
+        m = base.replace(gpu=dataclasses.replace(base.gpu, hbm_bw_bytes_per_s=base.gpu.hbm_bw_bytes_per_s * s))
+        t = _latencies(machine_name, llm, params, m)
+        if prev is not None:
+            assert np.all(t <= prev * (1 + ROUNDOFF)), s
+        prev = t
+
+
+@pytest.mark.parametrize("machine_name", ["dgx-h200", "dgx-b200", "mi300x-x8"])
+def test_a_bigger_model_is_never_faster(machine_name):
+    """Each model below is at least as large as the one before in every dimension the
+    phase model sees (layers, width, active and streamed parameters, KV per token)."""
+    for small, big in (("llama3.1-8b", "mixtral-8x7b"), ("llama3.1-8b", "llama3.1-70b"),
+                       ("llama3.1-70b", "llama3.1-405b")):
+        assert np.all(_latencies(machine_name, catalog.get_llm(small))
+                      <= _latencies(machine_name, catalog.get_llm(big)) * (1 + ROUNDOFF)), (small, big)
+    # more parameters in the same architecture (the traced leaf), and more active experts
+    llm = catalog.get_llm("mixtral-8x7b")
+    params, _ = provenance.params_for(catalog.get_machine(machine_name).gpu)
+    lat, _ = _sanity_fn(llm)
+    m = _anon(catalog.get_machine(machine_name))
+    sizes = [np.asarray(lat(params, m, llm.n_params * s, _sanity_batches())) for s in (1.0, 1.2, 1.5)]
+    assert np.all(np.diff(np.stack(sizes), axis=0) >= 0)
+    top1 = llm.replace(moe=dataclasses.replace(llm.moe, experts_per_token=1))
+    assert top1.n_active_params < llm.n_active_params
+    assert np.all(_latencies(machine_name, top1) <= _latencies(machine_name, llm) * (1 + ROUNDOFF))
+
+
+def test_fp8_weights_and_kv_cache_are_never_slower():
+    """fp8 weights halve the bytes streamed and run at the fp8 tensor-core rate; an fp8
+    KV cache halves the attention traffic. On an A100 (no fp8 tensor cores) fp8 weights
+    still halve the traffic but compute at the fp16 rate."""
+    base = catalog.get_llm("llama3.1-70b")
+    variants = [base, base.replace(kv_dtype="fp8"), base.replace(weight_dtype="fp8"),
+                base.replace(weight_dtype="fp8", kv_dtype="fp8")]
+    for machine_name in ("dgx-h100", "dgx-a100"):
+        t = [_latencies(machine_name, v) for v in variants]
+        for a, b in ((0, 1), (0, 2), (2, 3), (1, 3)):
+            assert np.all(t[b] <= t[a] * (1 + ROUNDOFF)), (machine_name, a, b)
+        # compute time scales with the tensor-core rate: 989 / 1,979 TFLOP/s on an H100,
+        # unchanged on an A100 (no fp8 cores)
+        machine = catalog.get_machine(machine_name)
+        c16, c8 = (float(iteration(default_params(machine.gpu.name), machine, v, Batch.prompts(8192.0, 1.0))
+                         .compute_s) for v in (variants[0], variants[2]))
+        want = float(machine.gpu.peak_flops_per_s / machine.gpu.peak_fp8_flops_per_s)
+        np.testing.assert_allclose(c8 / c16, want, rtol=ROUNDOFF)
+        assert want == (989 / 1979 if machine_name == "dgx-h100" else 1.0)
+
+
+def test_moe_decode_streams_the_experts_it_touches():
+    """Mixtral decode at batch 1 streams ~12.9B of 46.7B parameters: faster than a dense
+    model of the same total size, and its time rises with the batch as more experts
+    are touched, until all are (batch >~ 64 touches 8 of 8 experts per layer)."""
+    mx = catalog.get_llm("mixtral-8x7b")
+    dense = catalog.get_llm("llama3.1-8b").replace(n_params=mx.n_params)
+    params, machine = default_params("h100-80gb"), catalog.get_machine("dgx-h100")
+    t_moe = float(token_latency_s(params, machine, mx, 1.0, 512.0, tp=2))
+    t_dense = float(token_latency_s(params, machine, dense, 1.0, 512.0, tp=2))
+    assert t_moe < 0.7 * t_dense
+    it = [iteration(params, machine, mx, Batch.decode(b, 512.0), tp=2) for b in (1.0, 2.0, 4.0, 64.0)]
+    mem = np.array([float(i.memory_s) for i in it])
+    assert np.all(np.diff(mem) > 0)
+    streamed = np.array([float(memory.streamed_weight_bytes_per_gpu(mx, 2, b)) for b in (1.0, 64.0, 1e4)])
+    np.testing.assert_allclose(streamed[0], float(mx.n_active_params) * 2 / 2, rtol=1e-12)
+    np.testing.assert_allclose(streamed[-1], float(mx.weight_bytes) / 2, rtol=1e-12)
+
+
+def test_moe_gradients_are_finite_at_zero_tokens():
+    mx = catalog.get_llm("deepseek-v3")
+    params, machine = default_params("h100-80gb"), catalog.get_machine("dgx-h200")
+
+    def lat(x):  # a decode batch of x sequences plus a prompt of x tokens: x = 0 is the edge
+        return iteration(params, machine, mx, Batch.prompts(x, 1.0) + Batch.decode(x, 100.0)).latency_s
+
+    for x in (0.0, 1e-9, 1e-3, 1.0):
+        assert np.isfinite(float(jax.grad(lat)(x)))
+    check_grads(lambda lx: lat(jnp.exp(lx)), (math.log(3.0),), order=1, modes=("rev", "fwd"))
+
+
+def test_mla_attention_flops_and_kv():
+    """DeepSeek-V3 caches 576 values per layer and token (vs 32,768 uncompressed) and
+    attends per head over 2 x 512 + 64 values in decode (absorbed MLA)."""
+    ds = catalog.get_llm("deepseek-v3")
+    assert ds.kv_bytes_per_token() == 61 * 576 * 2
+    assert ds.kv_bytes_per_token(ignore_gqa=True) == 2 * 61 * 128 * 56 * 2
+    assert ds.attn_decode_flops_coef == 2 * 61 * 128 * (2 * 512 + 64)
+    assert ds.attn_prompt_flops_coef == 61 * 128 * (128 + 64 + 128)
+    # the paper's models: exactly the former 2 L d and 4 L d
+    for name in ("bloom-176b", "llama2-70b"):
+        llm = catalog.get_llm(name)
+        assert llm.attn_prompt_flops_coef == 2 * llm.n_layers * llm.d_model
+        assert llm.attn_decode_flops_coef == 4 * llm.n_layers * llm.d_model
+
+
+def test_new_models_jit_and_eager_agree():
+    llm, machine = catalog.get_llm("deepseek-v3"), catalog.get_machine("dgx-b200")
+    params, _ = provenance.params_for(machine.gpu)
+    eager = np.array([float(iteration(params, machine, llm, b).latency_s) for b in
+                      [Batch.prompts(s, b) for s, b in SANITY_PROMPTS] + [Batch.decode(b, c) for b, c in SANITY_DECODES]])
+    # XLA may fuse and reorder float64 operations: round-off only
+    np.testing.assert_allclose(_latencies("dgx-b200", llm), eager, rtol=1e-12)
