@@ -243,12 +243,16 @@ def _transfer_s(cluster: "Cluster", p, prompt_s):
                                           prompt_s, tr.mode)
 
 
-def _mean_busy_wait(wm: WaitModel, res: "Resolution"):
-    """E[W | the arrival waits], integrating the tabulated survival function."""
+def _busy_wait_moments(wm: WaitModel, res: "Resolution"):
+    """E[W] and E[W^2] given that the arrival waits, integrating the tabulated survival
+    function (E[W^2] = integral of 2 x P(W > x))."""
     tab = _busy_table(wm, res)
     xs = jnp.exp(tab.log_x0 + tab.dlog * jnp.arange(tab.values.shape[0]))
     surv = 1.0 - tab.values
-    return jnp.sum(0.5 * (surv[1:] + surv[:-1]) * jnp.diff(xs)) + xs[0] * 0.5
+    dx = jnp.diff(xs)
+    m1 = jnp.sum(0.5 * (surv[1:] + surv[:-1]) * dx)
+    m2 = jnp.sum((xs[1:] * surv[1:] + xs[:-1] * surv[:-1]) * dx)
+    return m1, m2
 
 
 def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling, res: "Resolution"):
@@ -267,20 +271,11 @@ def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling
     return wm.p_wait * (1.0 - wait_cdf_busy(w_k, wm, res.window_points))
 
 
-def _overflow_share(demand, var, per_request, capacity):
-    """Share f of requests whose reservation finds the token pool full.
-
-    Reservations in flight form an M/G/infinity shot noise: mean (1 - f) demand,
-    variance (1 - f) var (demand = lambda E[m s], var = lambda E[m^2 s]); a request
-    overflows when the (balanced) pool cannot take its m tokens:
-    f = P(R + m > capacity). The right side falls as f rises, so the root is unique;
-    bisection with an implicit-function gradient (one Newton step of zero value).
-    """
-    def g(f):
-        z = ((1.0 - f) * demand + per_request - capacity) / jnp.sqrt((1.0 - f) * var + 1e-12 * capacity**2)
-        return f - norm.cdf(z)
-
-    lo, hi = jnp.zeros_like(demand), jnp.ones_like(demand)
+def _fixed_point_01(h):
+    """The u in [0, 1] with u = h(u), for h non-increasing (so the root is unique):
+    bisection, then the implicit-function gradient through one Newton step of zero value."""
+    def g(u):
+        return u - h(u)
 
     def bisect(_, ab):
         a, b = ab
@@ -288,10 +283,26 @@ def _overflow_share(demand, var, per_request, capacity):
         neg = jax.lax.stop_gradient(g(m)) < 0
         return jnp.where(neg, m, a), jnp.where(neg, b, m)
 
-    a, b = jax.lax.fori_loop(0, 40, bisect, (lo, hi))
-    f0 = jax.lax.stop_gradient(0.5 * (a + b))
-    val, slope = jax.jvp(g, (f0,), (jnp.ones_like(f0),))
-    return f0 - (val - jax.lax.stop_gradient(val)) / jax.lax.stop_gradient(jnp.maximum(slope, 1e-6))
+    a, b = jax.lax.fori_loop(0, 40, bisect, (jnp.asarray(0.0), jnp.asarray(1.0)))
+    u0 = jax.lax.stop_gradient(0.5 * (a + b))
+    val, slope = jax.jvp(g, (u0,), (jnp.ones_like(u0),))
+    return u0 - (val - jax.lax.stop_gradient(val)) / jax.lax.stop_gradient(jnp.maximum(slope, 1e-6))
+
+
+def _overflow_share(demand, var, per_request, capacity):
+    """Share f of requests whose reservation finds the token pool full.
+
+    Reservations in flight form an M/G/infinity shot noise: mean (1 - f) demand,
+    variance (1 - f) var (demand = lambda E[m s], var = lambda E[m^2 s], plus the
+    correlated part that queue waits shared by all requests add); a request overflows
+    when the (balanced) pool cannot take its m tokens: f = P(R + m > capacity). The
+    right side falls as f rises, so the root is unique.
+    """
+    def h(f):
+        z = ((1.0 - f) * demand + per_request - capacity) / jnp.sqrt((1.0 - f) * var + 1e-12 * capacity**2)
+        return norm.cdf(z)
+
+    return _fixed_point_01(h)
 
 
 def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
@@ -319,10 +330,17 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: "Resolutio
                 max_batch_tokens=mbt)
 
     # 1. Drafting, from the prompt pool as if it took every prompt and no decodes.
+    #    Self-consistent: the prompts drafted away shorten the queue that drafts them, so
+    #    the share X solves X = E[x_k(wait law at rate lambda (1 - X))].
     st_p0 = pool_state(P, n_p, lam, cls.wp, decode_rate=0.0, batch_cap=cap_P, **pool)
-    wm_p0 = wait_model(lam, st_p0.mean_prompt_s, st_p0.scv_prompt, n_p, ca2, horizon_s)
-    x_k = _drafted_share(wm_p0, st_p0, cls, sched, res) * (n_t / (n_t + 1e-3))
-    x_tot = jnp.dot(cls.wp, x_k)
+    has_t = n_t / (n_t + 1e-3)
+
+    def drafted(x_tot):
+        wm = wait_model(lam * (1.0 - x_tot), st_p0.mean_prompt_s, st_p0.scv_prompt, n_p, ca2, horizon_s)
+        return _drafted_share(wm, st_p0, cls, sched, res) * has_t, wm
+
+    x_tot = _fixed_point_01(lambda u: jnp.dot(cls.wp, drafted(u)[0]))
+    x_k, wm_p0 = drafted(x_tot)
     w_t = (cls.wp * x_k + 1e-12 * cls.wp) / (x_tot + 1e-12)
     w_p = (cls.wp * (1.0 - x_k) + 1e-12 * cls.wp) / (1.0 - x_tot + 1e-12)
 
@@ -330,12 +348,16 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: "Resolutio
     #    token machine from arrival (the machine is chosen with the prompt's) to its
     #    last token. Sojourn from the prompt pool's wait and the token pool's step time.
     st_t0 = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam, batch_cap=1e3 * cap_T, **pool)
-    mean_wait = wm_p0.p_wait * _mean_busy_wait(wm_p0, res)
+    mean_busy, mean_busy_sq = _busy_wait_moments(wm_p0, res)
+    mean_wait = wm_p0.p_wait * mean_busy
+    var_wait = jnp.maximum(wm_p0.p_wait * mean_busy_sq - mean_wait**2, 0.0)
     kv0 = _transfer_s(cluster, cls.p, st_p0.prompt_s)
     sojourn = (mean_wait + st_p0.prompt_s + kv0)[:, None] + cls.iters[None, :] * st_t0.step_s
     m_tok = cls.p[:, None] + 1.0 + cls.o[None, :]
     demand = lam * jnp.sum(cls.w * m_tok * sojourn)
-    var = lam * jnp.sum(cls.w * m_tok**2 * sojourn)
+    # Shot noise, plus the queue wait every request in flight shares (a burst that
+    # lengthens the prompt queue holds every reservation longer at once).
+    var = lam * jnp.sum(cls.w * m_tok**2 * sojourn) + (lam * jnp.sum(cls.w * m_tok))**2 * var_wait
     capacity = n_t * cap_tok_T
     f = _overflow_share(demand, var, jnp.sum(cls.w * m_tok), capacity) * (n_p / (n_p + 1e-3))
 
