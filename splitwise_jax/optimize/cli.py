@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="design the --compare-designs table is normalised to")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--plot", metavar="PATH", help="write the objective over the (prompt, token) plane (Fig. 12 view)")
+    ap.add_argument("--simulate-top", type=_cli.positive_int, metavar="K",
+                    help="simulate the K best integer candidates (and cheaper ones the model rejects) request by "
+                         "request; report where simulation and model disagree (docs/simulate.md)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
     return ap
@@ -115,6 +118,8 @@ def _check_flags(args) -> None:
         raise ValueError("--designs lists the designs of --compare-designs; add --compare-designs (or use --design)")
     if args.compare_designs and args.verify:
         raise ValueError("--verify checks one design's answer; it does not combine with --compare-designs")
+    if args.compare_designs and args.simulate_top:
+        raise ValueError("--simulate-top checks one design's answer; it does not combine with --compare-designs")
 
 
 def main(argv=None) -> int:
@@ -201,6 +206,10 @@ def main(argv=None) -> int:
     if args.verify:
         grid = grid_search(cluster, wl, problem, config, incumbent=res.best, prune=not args.no_prune,
                            progress=progress)
+    sim_check = None
+    if args.simulate_top and res.best is not None:
+        from splitwise_jax.simulate.candidates import check_optimum
+        sim_check = check_optimum(cluster, wl, wl_full, problem, config, res.best, args.simulate_top, progress=progress)
     fig12 = (args.design == paper.FIG12["design"] and args.workload == paper.FIG12["workload"]
              and problem.objective == "cost" and abs(float(np.asarray(wl.rate_per_s)) - paper.FIG12["rate_per_s"]) < 1e-9)
     if args.json:
@@ -209,10 +218,14 @@ def main(argv=None) -> int:
                  bins=args.bins, wall_s_from_start=time.perf_counter() - t_start)
         if fig12:
             d["paper"] = {k: paper.FIG12[k] for k in ("prompt_machines", "token_machines")}
+        if sim_check is not None:
+            d["simulate_top"] = sim_check[1]
         print(json.dumps(d, indent=2))
     else:
         _print_result(res, cluster, f"{_label(args.design)} on {args.workload}: {goal} {load} ({bins_text})",
                       full, grid, opt_wall, bins_text, fig12)
+        if sim_check is not None:
+            print(sim_check[0])
         print(f"  {time.perf_counter() - t_start:.1f} s from process start")
     if args.plot:
         with _cli.input_errors(ap):  # nothing feasible to centre the plane on
