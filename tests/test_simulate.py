@@ -269,6 +269,27 @@ def test_matches_a_reference_run():
     assert int(r.requests["e2e_s"].notna().sum()) == int(row["n_completed"])
 
 
+def test_simulated_check_of_candidates():
+    """`optimize --simulate-top`: each candidate simulated on one shared trace; a verdict
+    disagreement is reported as such."""
+    from splitwise_jax.optimize.problem import Candidate
+    from splitwise_jax.simulate.candidates import format_check, simulate_candidates
+    from splitwise_jax.workload import workload as load_workload
+
+    c = make_cluster("splitwise-hh", 1, 1, phase_model=TABLE)
+
+    def cand(p, t, feasible):
+        return Candidate(p, t, 1.0, 1.0, 6.0, feasible, 38.08 * (p + t), np.full(14, 0.1 if feasible else -0.1),
+                         38.08 * (p + t), 10.2 * (p + t))
+
+    cands = [cand(1, 1, True), cand(3, 2, True)]  # 1+1 cannot carry 6 req/s; the model is told it can
+    df = simulate_candidates(c, load_workload("coding"), cands, rate_per_s=6.0, horizon_s=20.0, seed=0)
+    assert len(df) == 2 and df["n_requests"].nunique() == 1
+    assert not df["sim_feasible"].iloc[0] and df["sim_worst_margin"].iloc[0] < df["sim_worst_margin"].iloc[1]
+    text, summary = format_check(df, df.iloc[0:0], "cost")
+    assert summary["model_feasible_sim_infeasible"] >= 1 and "disagreements on feasibility" in text
+
+
 # ----------------------------------------------------------------------------- outputs and CLI
 
 
