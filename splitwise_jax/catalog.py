@@ -13,8 +13,7 @@ text and date read) and says which are assumptions; the short version:
     * H200 SXM: the H100's compute (989 / 1,979 TFLOP/s dense bf16 / fp8) with 141 GB
       HBM3e at 4.8 TB/s, 700 W (NVIDIA H200 datasheet).
     * B200 (HGX/DGX, 1,000 W): 2,250 / 4,500 TFLOP/s dense bf16 / fp8, 8 TB/s HBM3e,
-      180 GB (the DGX B200's 1,440 GB / 8; the B200 product page's 192 GB is the full
-      stack count, the DGX configuration exposes 180).
+      180 GB (the DGX B200's 1,440 GB / 8; 192 GB is also quoted for B200 boards).
     * MI300X: 1,307.4 / 2,614.9 TFLOP/s dense fp16 / fp8, 192 GB HBM3 at 5.3 TB/s, 750 W
       (AMD Instinct MI300X data sheet).
     * Idle power (about 15% of TDP) and minimum power caps (100 W, 200 W) are the

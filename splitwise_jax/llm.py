@@ -164,7 +164,8 @@ class LLM:
             (static). fp8 weights also run on the GPU's fp8 tensor cores (W8A8), at
             `GPU.peak_fp8_flops_per_s`.
         kv_dtype: storage precision of the KV cache (static); independent of the weights.
-        head_dim: attention head width; None means d_model / n_heads (static).
+        head_dim: attention head width; None means d_model / n_heads, resolved at
+            construction (static).
         moe: the mixture-of-experts MLP, or None for a dense model (static).
         mla: multi-latent attention, or None for MHA/GQA (static).
 
@@ -312,6 +313,11 @@ class LLM:
         return self.n_layers * 4 * self.n_heads * self.head_dim
 
     def replace(self, **changes) -> "LLM":
+        """A copy with fields changed; a head width that was derived (d_model / n_heads)
+        is derived afresh when d_model or n_heads change."""
+        derived = self.head_dim * self.n_heads == self.d_model
+        if "head_dim" not in changes and derived and ("d_model" in changes or "n_heads" in changes):
+            changes["head_dim"] = None
         return dataclasses.replace(self, **changes)
 
 

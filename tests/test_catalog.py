@@ -478,3 +478,10 @@ def test_a_bad_config_json_behind_a_spec_file_names_both(tmp_path):
     p.write_text('[[llm]]\nname = "x"\nhf_config = "absent/config.json"\n')
     with pytest.raises(ValueError, match=r"llm\[0\] \(x\): config\.json .*absent.* does not exist"):
         load_specs(p)
+
+
+def test_replace_rederives_a_derived_head_width():
+    llama = get_llm("llama2-70b")
+    assert llama.replace(n_heads=32, n_kv_heads=8).head_dim == 256
+    q3 = get_llm("llama3.1-8b").replace(head_dim=64)  # explicit: kept when the width changes
+    assert q3.replace(d_model=8192).head_dim == 64

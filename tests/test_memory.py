@@ -174,18 +174,19 @@ def test_mla_latent_is_stored_on_every_gpu():
 
 def test_experts_touched_matches_uniform_top_k_routing():
     """E (1 - (1 - k/E)^B) is the exact expectation when each token picks k distinct
-    experts uniformly: compared with a Monte-Carlo of 4,000 batches (tolerance 4
-    standard errors of the simulated mean, plus E / 4,000: the simulated mean cannot
+    experts uniformly: compared with a Monte-Carlo of 2,000 batches (tolerance 4
+    standard errors of the simulated mean, plus E / 2,000: the simulated mean cannot
     resolve a shortfall smaller than that when every sample touches all E experts)."""
     rng = np.random.default_rng(0)
     for name in ("mixtral-8x7b", "deepseek-v3"):
         llm = get_llm(name)
         e, k = llm.moe.n_experts, llm.moe.experts_per_token
         for b in (1, 3, 16, 64):
-            picks = np.argsort(rng.random((4000, b, e)), axis=-1)[..., :k]
-            touched = np.array([len(np.unique(p)) for p in picks])
+            picks = np.argpartition(rng.random((2000, b, e), dtype=np.float32), k, axis=-1)[..., :k]  # k distinct
+            hit = np.bincount((np.arange(len(picks))[:, None, None] * e + picks).ravel(), minlength=len(picks) * e)
+            touched = (hit.reshape(len(picks), e) > 0).sum(axis=1)  # distinct experts per batch
             se = touched.std() / np.sqrt(len(touched))
-            assert abs(float(experts_touched(llm, float(b))) - touched.mean()) <= 4 * se + e / 4000, (name, b)
+            assert abs(float(experts_touched(llm, float(b))) - touched.mean()) <= 4 * se + e / 2000, (name, b)
         assert float(experts_touched(llm, 1.0)) == pytest.approx(k, rel=1e-12)
         assert float(experts_touched(llm, 1e5)) == pytest.approx(e, rel=1e-12)
     # smooth, increasing, finite gradient at zero tokens
