@@ -175,6 +175,8 @@ class TableTiming(FastTiming):
 
     def __init__(self, timing, max_tokens: int = 4096, max_batch: int = 512):
         self.timing = timing
+        self.max_tokens = int(max_tokens)
+        self.max_batch = int(max_batch)
         self._prompt: list[float] = []
         self._mixed: list[float] = []
         self._token: list[float] = []
@@ -353,11 +355,36 @@ class GridTiming(FastTiming):
         return t0, (t1 - t0) / (k - 1)
 
 
+# Built tables by strategy fingerprint: a sweep (the validation study, optimize
+# --simulate-top) times the same machine types again and again.
+_CACHE: dict = {}
+_CACHE_SIZE = 16
+
+
+def _fingerprint(timing) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(timing)
+    return (str(treedef), tuple(np.asarray(x).tobytes() for x in leaves))
+
+
 def fast_timing(timing, *, max_tokens: int = 4096, max_batch: int = 512, max_context: int = 32768) -> FastTiming:
-    """The fast timing of a strategy: exact lookup for the sim table, grids otherwise."""
+    """The fast timing of a strategy: exact lookup for the sim table, grids otherwise.
+
+    Tables are kept per strategy (its pytree structure and values) and reused when a
+    later call needs no larger one.
+    """
+    key = _fingerprint(timing)
+    old = _CACHE.get(key)
+    if old is not None and old.max_tokens >= max_tokens and old.max_batch >= max_batch and \
+            getattr(old, "max_context", max_context) >= max_context:
+        return old
     if _is_table(timing):
-        return TableTiming(timing, max_tokens, max_batch)
-    return GridTiming(timing, max_tokens, max_batch, max_context)
+        new = TableTiming(timing, max_tokens, max_batch)
+    else:
+        new = GridTiming(timing, max_tokens, max_batch, max_context)
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = new
+    return new
 
 
 def cumulative_s(t0: float, dt: float, j: int) -> float:
