@@ -201,7 +201,7 @@ class PromptRoute(NamedTuple):
 
 class DecodeRoute(NamedTuple):
     state: PoolState
-    weight: jax.Array     # share of decodes taking this route
+    weight: jax.Array     # (K, M) share of each class's decodes taking this route
     transfer_s: jax.Array  # (K,) KV transfer before the decode
     join_s: jax.Array     # wait to join the running batch
 
@@ -289,20 +289,26 @@ def _fixed_point_01(h):
     return u0 - (val - jax.lax.stop_gradient(val)) / jax.lax.stop_gradient(jnp.maximum(slope, 1e-6))
 
 
-def _overflow_share(demand, var, per_request, capacity):
-    """Share f of requests whose reservation finds the token pool full.
+def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
+    """Share f_km of each request class whose reservation finds the token pool full.
 
-    Reservations in flight form an M/G/infinity shot noise: mean (1 - f) demand,
-    variance (1 - f) var (demand = lambda E[m s], var = lambda E[m^2 s], plus the
-    correlated part that queue waits shared by all requests add); a request overflows
-    when the (balanced) pool cannot take its m tokens: f = P(R + m > capacity). The
-    right side falls as f rises, so the root is unique.
+    Reservations in flight form an M/G/infinity shot noise; with least-memory routing the
+    token machines fill evenly, so a request of m tokens overflows when the pool's free
+    memory is below m: f_km = P(R + m_km > capacity), R ~ Normal(mean, var). Large
+    requests overflow first (small ones fit in the gaps), and they hold most of the
+    memory-time, so overflow is per class. The carried mean solves
+    R = lambda sum_km w_km (1 - f_km(R)) m_km s_km; the right side falls as R rises, so
+    the root is unique (solved as a share u = R / demand in [0, 1]).
     """
-    def h(f):
-        z = ((1.0 - f) * demand + per_request - capacity) / jnp.sqrt((1.0 - f) * var + 1e-12 * capacity**2)
-        return norm.cdf(z)
+    demand = lam * jnp.sum(cls.w * m_tok * sojourn)
+    sd = jnp.sqrt(var + 1e-12 * capacity**2)
 
-    return _fixed_point_01(h)
+    def share(u):
+        return norm.cdf((u * demand + m_tok - capacity) / sd)
+
+    u = _fixed_point_01(lambda u_: lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn)
+                        / jnp.maximum(demand, 1e-30))
+    return share(u), u * demand
 
 
 def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
@@ -314,7 +320,7 @@ def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
     wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P
-    return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (DecodeRoute(st, jnp.asarray(1.0), zero, 0.0),),
+    return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (DecodeRoute(st, jnp.ones_like(cls.w), zero, 0.0),),
                  st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
 
 
@@ -359,19 +365,37 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: "Resolutio
     # lengthens the prompt queue holds every reservation longer at once).
     var = lam * jnp.sum(cls.w * m_tok**2 * sojourn) + (lam * jnp.sum(cls.w * m_tok))**2 * var_wait
     capacity = n_t * cap_tok_T
-    f = _overflow_share(demand, var, jnp.sum(cls.w * m_tok), capacity) * (n_p / (n_p + 1e-3))
+    f_km, carried = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
+    f_km = f_km * (n_p / (n_p + 1e-3))
+    f = jnp.sum(cls.w * f_km)
 
-    # 3. The pools with their final flows.
-    st_t = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam * (1.0 - f), batch_cap=cap_T, **pool)
-    st_p = pool_state(P, n_p, lam * (1.0 - x_tot), w_p, decode_rate=lam * f, batch_cap=cap_P, **pool)
+    # 3. The pools with their final flows; each pool decodes its own mix of requests
+    #    (overflow favours long ones), so its decode length and context are its own.
+    def decode_mix(share_km):
+        wd = cls.w * share_km
+        iters = jnp.sum(wd * cls.iters[None, :])
+        ctx = jnp.sum(wd * cls.iters[None, :] * (cls.p[:, None] + 0.5 * cls.o[None, :])) / jnp.maximum(iters, 1e-30)
+        tot = jnp.sum(wd)
+        mean_iters = iters / jnp.maximum(tot, 1e-30)
+        # A pool with (nearly) no decodes keeps the workload's means: finite, and unused.
+        keep = tot > 1e-9
+        return (jnp.where(keep, mean_iters, cls.mean_iters), jnp.where(keep, ctx, cls.ctx))
+
+    it_t, ctx_t = decode_mix(1.0 - f_km)
+    it_p, ctx_p = decode_mix(f_km)
+    pool_t = dict(pool, mean_decode_iters=it_t, ctx_tokens=ctx_t)
+    pool_p = dict(pool, mean_decode_iters=it_p, ctx_tokens=ctx_p)
+    st_t = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam * (1.0 - f), batch_cap=cap_tok_T / ctx_t, **pool_t)
+    st_p = pool_state(P, n_p, lam * (1.0 - x_tot), w_p, decode_rate=lam * f, batch_cap=cap_tok_P / ctx_p, **pool_p)
     wm_p = wait_model(lam * (1.0 - x_tot), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
     prompt_routes = (PromptRoute(st_p, wm_p, 1.0 - x_k), PromptRoute(st_t, wm_t, x_k))
-    decode_routes = (DecodeRoute(st_t, 1.0 - f, kv, 0.5 * st_t.decode_s),
-                     DecodeRoute(st_p, f, kv, 0.5 * st_p.decode_s))
+    decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
+                     DecodeRoute(st_p, f_km, kv, 0.5 * st_p.decode_s))
     pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
-    loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need / cap_T, st_p.batch_need / cap_P)
+    loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * ctx_t / cap_tok_T,
+             st_p.batch_need * ctx_p / cap_tok_P)
     return Flows(prompt_routes, decode_routes, st_p, st_t, x_k, f, pressure, loads)
 
 

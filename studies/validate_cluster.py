@@ -1,7 +1,8 @@
 """Validate the cluster model against the reference simulator's runs (GitHub issue 4).
 
 For every run in the shared validation folder (SplitwiseSim on named cluster
-configurations, ``splitwisesim_runs.csv``; see its README for how they were made and
+configurations, ``splitwisesim_runs.csv``, and at the decision boundaries,
+``boundary_runs.csv``, with replays of the real Azure arrivals; see its README for how they were made and
 how the metrics are defined) we predict the same configuration twice, once with each
 phase-timing mode:
 
@@ -50,7 +51,7 @@ import pandas as pd  # noqa: E402
 from splitwise_jax._paths import validation_dir  # noqa: E402
 from splitwise_jax.cluster import evaluate  # noqa: E402
 from splitwise_jax.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
-from splitwise_jax.workload import Workload, workload  # noqa: E402
+from splitwise_jax.workload import Workload, load_trace, workload  # noqa: E402
 
 METRICS = ("ttft", "tbt", "e2e")
 PCTS = ("p50", "p90", "p99")
@@ -66,27 +67,45 @@ _REQUIRED = ("design", "prompt_machines", "token_machines", "machines", "workloa
     f"{m}_{p}_s" for m in METRICS for p in PCTS)
 
 
+REFERENCE_FILES = ("splitwisesim_runs.csv", "boundary_runs.csv")
+
+
 def load_runs(folder: str | os.PathLike | None = None) -> pd.DataFrame:
-    """The reference runs (``splitwisesim_runs.csv``) of a validation folder.
+    """The reference runs of a validation folder: ``splitwisesim_runs.csv`` and, when
+    present, ``boundary_runs.csv`` (runs at the decision boundaries, including replays of
+    the real Azure arrivals, whose ``workload`` names a trace file in ``traces/``).
 
     Raises:
-        FileNotFoundError: the folder has no ``splitwisesim_runs.csv``.
+        FileNotFoundError: the folder has no ``splitwisesim_runs.csv``, or a replayed
+            trace is missing.
         ValueError: a required column is missing or a design is unknown.
     """
     folder = Path(folder) if folder is not None else validation_dir()
-    path = folder / "splitwisesim_runs.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (--validation-dir must hold splitwisesim_runs.csv)")
-    runs = pd.read_csv(path)
-    missing = [c for c in _REQUIRED if c not in runs.columns]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}")
-    unknown = sorted(set(runs["design"]) - set(DESIGNS))
-    if unknown:
-        raise ValueError(f"{path}: unknown designs {unknown}; known: {sorted(DESIGNS)}")
-    bad_wl = sorted(set(runs["workload"]) - set(WORKLOADS))
-    if bad_wl:
-        raise ValueError(f"{path}: unknown workloads {bad_wl}; known: {sorted(WORKLOADS)}")
+    if not (folder / REFERENCE_FILES[0]).is_file():
+        raise FileNotFoundError(f"{folder / REFERENCE_FILES[0]} not found (--validation-dir must hold it)")
+    frames = []
+    for name in REFERENCE_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        runs = pd.read_csv(path)
+        missing = [c for c in _REQUIRED if c not in runs.columns]
+        if missing:
+            raise ValueError(f"{path}: missing columns {missing}")
+        unknown = sorted(set(runs["design"]) - set(DESIGNS))
+        if unknown:
+            raise ValueError(f"{path}: unknown designs {unknown}; known: {sorted(DESIGNS)}")
+        runs["source"] = name.removesuffix(".csv")
+        runs["trace"] = ""
+        replay = ~runs["workload"].isin(list(WORKLOADS))
+        for i in runs.index[replay]:
+            trace = folder / "traces" / f"{runs.at[i, 'workload']}.csv"
+            if not trace.is_file():
+                raise FileNotFoundError(f"{path}: workload {runs.at[i, 'workload']!r} is neither "
+                                        f"{sorted(WORKLOADS)} nor a trace in {folder / 'traces'}")
+            runs.at[i, "trace"] = str(trace)
+        frames.append(runs)
+    runs = pd.concat(frames, ignore_index=True)
     runs["meets_slo"] = runs["meets_slo"].astype(str).str.lower().isin(("true", "1"))
     return runs.reset_index(drop=True)
 
@@ -96,7 +115,7 @@ def smoke_subset(runs: pd.DataFrame) -> pd.DataFrame:
     picks = []
     for design in ("baseline-h100", "splitwise-hh"):
         for wl in ("code", "conv"):
-            sub = runs[(runs["design"] == design) & (runs["workload"] == wl)]
+            sub = runs[(runs["design"] == design) & (runs["workload"] == wl) & (runs["trace"] == "")]
             if len(sub):
                 picks.append(sub.index[0])
     return runs.loc[picks].reset_index(drop=True)
@@ -128,6 +147,20 @@ def _stack(trees):
     return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *trees)
 
 
+def _row_of(res, j, seconds) -> dict:
+    """One run's metrics from an evaluate result (index j of a vmapped one, or None)."""
+    def at(a):
+        a = np.asarray(a)
+        return a if j is None else a[j]
+    d = {f"{met}_{pc}_s": float(at(getattr(res, f"{met}_s"))[q]) for met in METRICS for q, pc in enumerate(PCTS)}
+    d.update(meets_slo=bool(at(res.meets_slo)), rho_prompt=float(at(res.rho_prompt_pool)),
+             rho_token=float(at(res.rho_token_pool)), memory_pressure=float(at(res.memory_pressure)),
+             mixed_prompt_frac=float(at(res.mixed_prompt_frac)), mixed_decode_frac=float(at(res.mixed_decode_frac)),
+             status=int(at(res.status)), seconds=seconds)
+    return d
+
+
+_evaluate_one = jax.jit(evaluate)
 # One jitted function: jit caches one compiled program per (timing mode, design kind).
 _evaluate_many = jax.jit(jax.vmap(evaluate, in_axes=(0, 0, None)))
 
@@ -151,8 +184,21 @@ def predict(runs: pd.DataFrame, phase_model: str, *, chunk: int = CHUNK, progres
     m = max(w.weights.shape[1] for w in bases.values())
     bases = {name: pad_workload(w, k, m) for name, w in bases.items()}
     out = [None] * len(runs)
+    replays = [i for i in range(len(runs)) if runs.iloc[i]["trace"]]
+    for i in replays:
+        # A replayed trace: its own size distribution and burstiness (arrival_cv2), over
+        # its own horizon (first to last arrival).
+        row = runs.iloc[i]
+        arrivals = load_trace(row["trace"])["arrival_s"].to_numpy()
+        horizon = float(arrivals.max() - arrivals.min())
+        t0 = time.perf_counter()
+        res = jax.tree.map(np.asarray, _evaluate_one(uniform_names(cluster_of_run(row, phase_model)),
+                                                     workload(row["trace"], arrival="trace"), horizon))
+        out[i] = _row_of(res, None, time.perf_counter() - t0)
+        if progress is not None:
+            progress.update(1)
     for kind_is_baseline in (True, False):
-        idx = [i for i, d in enumerate(runs["design"]) if is_baseline(d) == kind_is_baseline]
+        idx = [i for i, d in enumerate(runs["design"]) if is_baseline(d) == kind_is_baseline and i not in replays]
         for start in range(0, len(idx), chunk):
             part = idx[start:start + chunk]
             rows = [runs.iloc[i] for i in part]
@@ -164,13 +210,7 @@ def predict(runs: pd.DataFrame, phase_model: str, *, chunk: int = CHUNK, progres
             res = jax.tree.map(np.asarray, jax.block_until_ready(res))
             dt = (time.perf_counter() - t0) / len(part)
             for j, i in enumerate(part):
-                d = {f"{met}_{pc}_s": float(getattr(res, f"{met}_s")[j, q])
-                     for met in METRICS for q, pc in enumerate(PCTS)}
-                d.update(meets_slo=bool(res.meets_slo[j]), rho_prompt=float(res.rho_prompt_pool[j]),
-                         rho_token=float(res.rho_token_pool[j]), memory_pressure=float(res.memory_pressure[j]),
-                         mixed_prompt_frac=float(res.mixed_prompt_frac[j]),
-                         mixed_decode_frac=float(res.mixed_decode_frac[j]), status=int(res.status[j]), seconds=dt)
-                out[i] = d
+                out[i] = _row_of(res, j, dt)
             if progress is not None:
                 progress.update(len(part))
     return pd.DataFrame(out)
@@ -180,6 +220,7 @@ def compare(runs: pd.DataFrame, ours: pd.DataFrame, phase_model: str) -> pd.Data
     """Per-run table: configuration, reference and predicted percentiles, relative errors."""
     df = pd.DataFrame({
         "mode": phase_model,
+        "source": runs["source"],
         "design": runs["design"],
         "n_prompt": np.where(runs["design"].map(is_baseline), runs["machines"], runs["prompt_machines"]),
         "n_token": np.where(runs["design"].map(is_baseline), 0.0, runs["token_machines"]),
@@ -194,6 +235,7 @@ def compare(runs: pd.DataFrame, ours: pd.DataFrame, phase_model: str) -> pd.Data
     df["ref_meets_slo"] = runs["meets_slo"].to_numpy()
     df["ours_meets_slo"] = ours["meets_slo"].to_numpy()
     df["slo_agree"] = df["ref_meets_slo"] == df["ours_meets_slo"]
+    df["verdict"] = np.select([df["slo_agree"], df["ours_meets_slo"]], ["agree", "false meets"], "false fails")
     for c in ("rho_prompt", "rho_token", "memory_pressure", "mixed_prompt_frac", "mixed_decode_frac", "status",
               "seconds"):
         df[c] = ours[c].to_numpy()
@@ -211,6 +253,9 @@ def summarise(per_run: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for mode, dm in per_run.groupby("mode", sort=False):
         groups = [("all", "all", dm)]
+        groups += [("source", src, g) for src, g in dm.groupby("source", sort=False)]
+        groups += [("design", des, g) for des, g in dm.groupby("design")]
+        groups += [("workload", w_, g) for w_, g in dm.groupby("workload")]
         groups += [("rate", f"{r:g}", g) for r, g in dm.groupby("rate")]
         order = [_bin_label(a, b) for a, b in zip(RHO_EDGES[:-1], RHO_EDGES[1:])]
         groups += [("rho_prompt", b, dm[dm["rho_bin"] == b]) for b in order if (dm["rho_bin"] == b).any()]
@@ -218,6 +263,8 @@ def summarise(per_run: pd.DataFrame) -> pd.DataFrame:
             d = {"mode": mode, "group_by": by, "group": value, "n_runs": len(g)}
             d.update({c: float(g[f"err_{c}"].abs().median()) for c in ERR_COLS})
             d["slo_agreement"] = float(g["slo_agree"].mean())
+            d["false_meets"] = int((g["verdict"] == "false meets").sum())
+            d["false_fails"] = int((g["verdict"] == "false fails").sum())
             rows.append(d)
     return pd.DataFrame(rows)
 
@@ -233,21 +280,21 @@ def markdown(summary: pd.DataFrame) -> str:
         lines.append(f"| {met.upper()} {pc.upper()} | " + " | ".join(f"{overall.loc[m, c]:.1%}" for m in modes) + " |")
     lines.append("| SLO verdict agreement | " + " | ".join(f"{overall.loc[m, 'slo_agreement']:.0%}" for m in modes)
                  + " |")
+    lines.append("| false meets / false fails | " + " | ".join(
+        f"{int(overall.loc[m, 'false_meets'])} / {int(overall.loc[m, 'false_fails'])}" for m in modes) + " |")
     lines.append("| runs | " + " | ".join(f"{int(overall.loc[m, 'n_runs'])}" for m in modes) + " |")
     lines += ["", "## Error growth with load (median |relative error|)", "",
               "| mode | by | group | runs | " + " | ".join(c.replace("_", " ").upper() for c in ERR_COLS)
-              + " | SLO agree |", "|---|---|---|---:|" + "---:|" * (len(ERR_COLS) + 1)]
+              + " | SLO agree | false meets | false fails |", "|---|---|---|---:|" + "---:|" * (len(ERR_COLS) + 3)]
     for _, r in summary[summary["group_by"] != "all"].iterrows():
         lines.append(f"| {r['mode']} | {r['group_by']} | {r['group']} | {r['n_runs']} | "
-                     + " | ".join(f"{r[c]:.0%}" for c in ERR_COLS) + f" | {r['slo_agreement']:.0%} |")
+                     + " | ".join(f"{r[c]:.0%}" for c in ERR_COLS)
+                     + f" | {r['slo_agreement']:.0%} | {r['false_meets']} | {r['false_fails']} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(per_run: pd.DataFrame, path: Path) -> None:
     """|relative error| against predicted prompt-pool load, one panel per metric."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
@@ -284,6 +331,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"), help="output folder")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=PHASE_MODELS, help="phase-timing modes")
     args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")  # a script: choose the file backend here, not in a library
     from tqdm import tqdm
 
     runs = load_runs(args.validation_dir)
