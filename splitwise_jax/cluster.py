@@ -43,13 +43,12 @@ from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.pool import PoolState, pool_state
-from splitwise_jax.quantiles import mixture_quantiles
+from splitwise_jax.percentiles import PERCENTILES, Resolution, busy_table, busy_wait_moments, quantiles
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
 from splitwise_jax.timing import PhaseTiming
 from splitwise_jax.workload import Workload
 
 _STATIC = dict(static=True)
-PERCENTILES = (0.5, 0.9, 0.99)
 # Splitwise Table VI: slowdown limits at P50, P90, P99 for TTFT, TBT, E2E.
 PAPER_SLO = ((2.0, 3.0, 6.0), (1.25, 1.5, 5.0), (1.25, 1.5, 5.0))
 
@@ -125,23 +124,6 @@ class Cluster:
 
     def replace(self, **changes) -> "Cluster":
         return dataclasses.replace(self, **changes)
-
-
-@dataclasses.dataclass(frozen=True)
-class Resolution:
-    """Numerical resolution of `evaluate` (static; trades accuracy for speed).
-
-    Attributes:
-        window_points: quadrature points over the arrival window.
-        table_points: log-spaced points tabulating each pool's wait CDF.
-        grid_points: coarse grid that brackets each percentile.
-        refine_iters: Illinois refinement steps per percentile.
-    """
-
-    window_points: int = 8
-    table_points: int = 64
-    grid_points: int = 24
-    refine_iters: int = 6
 
 
 class ClusterMetrics(NamedTuple):
@@ -243,19 +225,7 @@ def _transfer_s(cluster: "Cluster", p, prompt_s):
                                           prompt_s, tr.mode)
 
 
-def _busy_wait_moments(wm: WaitModel, res: "Resolution"):
-    """E[W] and E[W^2] given that the arrival waits, integrating the tabulated survival
-    function (E[W^2] = integral of 2 x P(W > x))."""
-    tab = _busy_table(wm, res)
-    xs = jnp.exp(tab.log_x0 + tab.dlog * jnp.arange(tab.values.shape[0]))
-    surv = 1.0 - tab.values
-    dx = jnp.diff(xs)
-    m1 = jnp.sum(0.5 * (surv[1:] + surv[:-1]) * dx)
-    m2 = jnp.sum((xs[1:] * surv[1:] + xs[:-1] * surv[:-1]) * dx)
-    return m1, m2
-
-
-def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling, res: "Resolution"):
+def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling, res: Resolution):
     """Share of each prompt class drafted onto token machines.
 
     SplitwiseSim drafts a prompt of p tokens when the least-loaded prompt machine has a
@@ -324,7 +294,7 @@ def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
                  st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
 
 
-def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: "Resolution") -> Flows:
+def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution) -> Flows:
     P, T, sched = cluster.prompt, cluster.token, cluster.scheduling
     n_p = jnp.asarray(cluster.n_prompt, float)
     n_t = jnp.asarray(cluster.n_token, float)
@@ -354,7 +324,7 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: "Resolutio
     #    token machine from arrival (the machine is chosen with the prompt's) to its
     #    last token. Sojourn from the prompt pool's wait and the token pool's step time.
     st_t0 = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam, batch_cap=1e3 * cap_T, **pool)
-    mean_busy, mean_busy_sq = _busy_wait_moments(wm_p0, res)
+    mean_busy, mean_busy_sq = busy_wait_moments(wm_p0, res)
     mean_wait = wm_p0.p_wait * mean_busy
     var_wait = jnp.maximum(wm_p0.p_wait * mean_busy_sq - mean_wait**2, 0.0)
     kv0 = _transfer_s(cluster, cls.p, st_p0.prompt_s)
@@ -423,7 +393,7 @@ def _count_mixture(lam):
     return weights, means, variances
 
 
-def _components(cluster, cls: Classes, flows: Flows, res: "Resolution"):
+def _components(cluster, cls: Classes, flows: Flows, res: Resolution):
     """Mixture components of every metric: per (prompt route, decode route) a block of
     shape (J, K, M) over counts of prompt iterations sat through, prompt and output
     classes; every metric uses the same block shape, so one vmapped percentile solver
@@ -436,7 +406,7 @@ def _components(cluster, cls: Classes, flows: Flows, res: "Resolution"):
     tables, weights = [], []
     for pr in flows.prompt_routes:
         s_k = (pr.state.residual_s + pr.state.prompt_s)[None, :, None]
-        table = _busy_table(pr.wait, res)
+        table = busy_table(pr.wait, res)
         for dr in flows.decode_routes:
             st = dr.state
             lam = cls.iters[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]   # (K, M)
@@ -477,61 +447,6 @@ def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):
                                               decode_ctx_tokens=jnp.stack([0.0, b * ctx])))
     per_gpu = busy * p_prompt + (1.0 - busy) * (decoding * p_decode + (1.0 - decoding) * gpu.idle_w)
     return n * power.machine_power_w(timing.machine, per_gpu)
-
-
-class _BusyTable(NamedTuple):
-    """A route's busy-wait CDF tabulated on a log grid (interpolated per component)."""
-
-    p_wait: jax.Array
-    log_x0: jax.Array
-    dlog: jax.Array
-    values: jax.Array
-    x_max: jax.Array
-
-
-def _busy_table(wm: WaitModel, res: "Resolution") -> _BusyTable:
-    # Far enough to cover queues growing over the window plus 8 standard deviations.
-    x_max = jax.lax.stop_gradient(
-        jnp.maximum(wm.drift, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
-        + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2)
-    log_x0 = jnp.log(1e-5)
-    dlog = (jnp.log(x_max) - log_x0) / (res.table_points - 1)
-    xs = jnp.exp(log_x0 + dlog * jnp.arange(res.table_points))
-    return _BusyTable(wm.p_wait, log_x0, dlog, wait_cdf_busy(xs, wm, res.window_points), x_max)
-
-
-def _busy_cdf(x, tab: _BusyTable):
-    n = tab.values.shape[0]
-    u = jnp.clip((jnp.log(jnp.maximum(x, 1e-30)) - tab.log_x0) / tab.dlog, 0.0, n - 1.0)
-    i = jnp.clip(jnp.floor(u), 0, n - 2).astype(int)
-    frac = u - i
-    v = tab.values[i] * (1.0 - frac) + tab.values[i + 1] * frac
-    below = jnp.clip(x / jnp.exp(tab.log_x0), 0.0, 1.0)  # linear to zero under the grid
-    return jnp.where(x > jnp.exp(tab.log_x0), v, tab.values[0] * below)
-
-
-def _quantiles(shift, sd, weight, scale, tabs: _BusyTable, res: "Resolution"):
-    """P50/P90/P99 of sum_j weight_j P((W_r + shift_j + noise_j) / scale_j <= t).
-
-    Arrays are (R, C, M): routes x components x output classes; `tabs` holds each
-    route's wait law. The noise is logistic with the scale of a normal of s.d. `sd`
-    (1.702 matches the normal's slope at the median): cheaper than erf, equally smooth.
-    """
-
-    def cdf_one(t):
-        x = t * scale - shift
-        atom = jax.nn.sigmoid(1.702 * x / sd)
-        busy = jax.vmap(_busy_cdf)(x, tabs)
-        c = tabs.p_wait[:, None, None]
-        return jnp.sum(weight * ((1.0 - c) * atom + c * busy))
-
-    def cdf(ts):
-        return jax.vmap(cdf_one)(ts)
-
-    extra = tabs.x_max[:, None, None] * (tabs.p_wait[:, None, None] > 0)
-    lo = 0.5 * jnp.min(jnp.maximum(shift - 6.0 * sd, 0.05 * shift) / scale)
-    hi = 2.0 * jnp.max((shift + 8.0 * sd + extra) / scale)
-    return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), lo, hi, res.grid_points, res.refine_iters)
 
 
 def _totals(cluster, cls: Classes, flows: Flows, lam):
@@ -579,7 +494,7 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         flows = _splitwise_flows(cluster, cls, lam, ca2, horizon_s, resolution)
 
     stacked = _components(cluster, cls, flows, resolution)
-    out = jax.vmap(lambda v: _quantiles(*v, resolution))(stacked)
+    out = jax.vmap(lambda v: quantiles(*v, resolution))(stacked)
     ttft, tbt, e2e, sd_ttft, sd_tbt, sd_e2e = (out[i] for i in range(6))
     slowdowns = jnp.stack([sd_ttft, sd_tbt, sd_e2e])
     margin = jnp.log(jnp.asarray(slo, float) / slowdowns)

@@ -166,7 +166,7 @@ def test_grid_finite_including_overload(grid):
 # covers that and still catches a real reversal.
 _MONO_RTOL = 1e-2
 _TABLE_XFAIL = pytest.mark.xfail(strict=True, reason=(
-    "cluster._busy_table tabulates the wait CDF on 64 log-spaced points from 1e-5 s: ~34% "
+    "percentiles.busy_table tabulates the wait CDF on 64 log-spaced points from 1e-5 s: ~34% "
     "spacing near the top, so in overload (waits spread linearly over [0, (rho-1)T]) "
     "interpolation overstates TTFT P90/P99 by up to ~25%"))
 _DRAFT_XFAIL = pytest.mark.xfail(strict=True, reason=(
