@@ -112,7 +112,8 @@ def simulate_candidates(cluster, workload, cands, *, rate_per_s: float | None, h
 
 def format_check(top: pd.DataFrame, cheaper: pd.DataFrame, objective: str) -> tuple[str, dict]:
     """A table and a summary of where simulation and model disagree."""
-    lines = ["Simulated check of the optimiser's candidates (model = fluid model, sim = request-level simulation):",
+    lines = ["Simulated check of the optimiser's candidates (model = fluid model, sim = request-level simulation; "
+             "margin = smallest log(limit / slowdown) of the nine SLOs, < 0 fails):",
              f"{'rank':>4} {'prompt':>6} {'token':>6} {'caps':>11} {'objective':>11} {'rate':>8}  "
              f"{'model':>6} {'margin':>7}  {'sim':>6} {'margin':>7} {'(worst SLO)':<12} status"]
 
