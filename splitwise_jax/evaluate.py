@@ -1,8 +1,17 @@
 """`python -m splitwise_jax.evaluate`: predict one cluster's latency, SLOs, power and cost.
 
-Example:
+Examples:
     python -m splitwise_jax.evaluate --design splitwise-hh --prompt-machines 27 \
         --token-machines 3 --workload coding --rate 70 --json
+    python -m splitwise_jax.evaluate --prompt-pool dgx-h200:20 --token-pool dgx-b200:4@0.8 \
+        --model llama3.1-70b --workload conversation
+    python -m splitwise_jax.evaluate --colocated-pool dgx-h100:40 --chunked-prefill 512
+    python -m splitwise_jax.evaluate --design-file my_cluster.toml --specs my_specs.toml \
+        --hf-config models/my-model/config.json
+
+The output names, per pool, where its phase parameters come from: "calibrated" (the
+GPU's own profiles) or "transferred-from:<gpu>" (no profiles: the nearest calibrated
+GPU's fit on this GPU's spec sheet), with the error to expect (`provenance`).
 
 This module shares its name with the model function `splitwise_jax.evaluate`, which
 importing it leaves in place (see the package's `__init__`); reach the command line
@@ -18,11 +27,9 @@ import sys
 import jax
 import numpy as np
 
-from splitwise_jax import _cli
-from splitwise_jax._validate import check_choice
-from splitwise_jax.catalog import llm_names, load_specs
+from splitwise_jax import _cli, _design_args
 from splitwise_jax.cluster import ClusterMetrics, evaluate
-from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES, make_cluster
+from splitwise_jax.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES, build_cluster
 from splitwise_jax.workload import workload as load_workload
 
 STATUS_BITS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
@@ -83,21 +90,36 @@ def format_table(d: dict, title: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m splitwise_jax.evaluate", description=__doc__.splitlines()[0])
-    ap.add_argument("--design", choices=sorted(DESIGNS), default="splitwise-hh")
-    ap.add_argument("--machines", type=_cli.positive_float, help="machines of a baseline design")
+    ap.add_argument("--design", choices=sorted(PRESETS),
+                    help="a named design (default splitwise-hh); or --design-file, or pool flags")
+    ap.add_argument("--machines", type=_cli.positive_float, help="machines of a colocated design (baseline, chunked)")
     ap.add_argument("--prompt-machines", type=_cli.positive_float,
                     help="prompt machines (Splitwise; DGX-H100 for HA)")
     ap.add_argument("--token-machines", type=_cli.positive_float, help="token machines (Splitwise; DGX-A100 for HA)")
+    _design_args.add_design_arguments(ap, counts=True)
     ap.add_argument("--workload", default="coding", help="coding, conversation, or a trace CSV path")
     ap.add_argument("--rate", type=_cli.positive_float,
                     help="arrival rate, req/s (default: the trace's, 70 for presets)")
     ap.add_argument("--horizon", type=_cli.positive_float, default=120.0, help="length of the arrival window, s")
-    ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
-    ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs (docs/specs.md)")
+    _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
-    ap.add_argument("--transfer", choices=TRANSFER_MODES, default="serialized", help="KV-cache transfer mode")
+    ap.add_argument("--transfer", choices=TRANSFER_MODES, help="KV-cache transfer mode (default: the design's, "
+                                                               "serialized for presets)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
+
+
+def _preset_sizes(ap, a) -> tuple[float, float]:
+    """Pool sizes of a named design from --machines / --prompt-machines / --token-machines."""
+    name = a.design or "splitwise-hh"
+    if PRESETS[name].kind != "splitwise":
+        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
+            what = "a baseline" if PRESETS[name].kind == "baseline" else "colocated (chunked prefill)"
+            ap.error(f"--design {name} is {what}: give --machines N (and not --prompt/--token-machines)")
+        return a.machines, 0.0
+    if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
+        ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
+    return a.prompt_machines, a.token_machines
 
 
 def main(argv=None) -> int:
@@ -105,30 +127,35 @@ def main(argv=None) -> int:
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     ap = build_parser()
     a = ap.parse_args(argv)
-    baseline = DESIGNS[a.design].kind == "baseline"
-    if baseline:
-        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
-            ap.error(f"--design {a.design} is a baseline: give --machines N (and not --prompt/--token-machines)")
-        sizes = (a.machines, 0.0)
-    else:
-        if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
-            ap.error(f"--design {a.design} needs --prompt-machines P and --token-machines T (not --machines)")
-        sizes = (a.prompt_machines, a.token_machines)
+    preset = _design_args.is_preset(a)
+    if preset:
+        sizes = _preset_sizes(ap, a)
+    elif a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
+        ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
+                 "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
     with _cli.input_errors(ap):
-        if a.specs is not None:
-            load_specs(_cli.input_file("--specs", a.specs))
-        check_choice("--model", a.model, llm_names())
+        llm = _design_args.model_from_args(a)
+        design = _design_args.design_from_args(a, preset_sizes=sizes if preset else None,
+                                               chunked_prefill=a.chunked_prefill)
+        _design_args.check_counts(design)
+        if a.transfer is not None:
+            design = design.replace(transfer_mode=a.transfer)
         wl = load_workload(a.workload, rate_per_s=a.rate)
-        cluster = make_cluster(a.design, sizes[0], sizes[1], model=a.model, phase_model=a.phase_model,
-                               transfer_mode=a.transfer)
+        cluster = build_cluster(design, model=llm, phase_model=a.phase_model)
+        pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
     m = jax.jit(evaluate)(cluster, wl, a.horizon)
     d = metrics_to_dict(m)
+    d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
+                   "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
+    d["pools"] = pools
     if a.json:
         print(json.dumps(d))
     else:
-        what = f"{sizes[0]:g} machines" if baseline else f"{sizes[0]:g} prompt + {sizes[1]:g} token machines"
-        print(format_table(d, f"{a.design}, {what}, {a.model}, {a.workload} at {float(wl.rate_per_s):g} req/s, "
-                              f"{a.phase_model} phases"))
+        what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
+        chunk = f", chunked prefill {design.chunked_prefill_tokens:g} tokens" if design.kind == "chunked" else ""
+        print(format_table(d, f"{design.name} ({what}{chunk}), {llm.name}, {a.workload} at "
+                              f"{float(wl.rate_per_s):g} req/s, {a.phase_model} phases"))
+        print("\n".join(_design_args.pool_lines(pools)))
     return 0
 
 

@@ -1,0 +1,194 @@
+"""Command-line arguments shared by `evaluate` and `optimize`: the design (a preset, a
+design file or pool flags), the model (catalogue, spec file or a local Hugging Face
+config.json, with precision overrides) and the provenance of each pool's phase
+parameters, as the outputs print it.
+
+Every check raises ValueError naming the flag; the CLIs wrap these calls in
+`_cli.input_errors`, which turns them into exit status 2 with the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from splitwise_jax import _cli, catalog
+from splitwise_jax.designs import Design, get_design
+from splitwise_jax.llm import LLM, canonical_dtype
+from splitwise_jax.provenance import Provenance
+
+DEFAULT_MODEL = "bloom-176b"
+_POOL_FORM = "MACHINE[,MACHINE...][:COUNT][@CAP][/TP]"
+
+
+def add_design_arguments(ap: argparse.ArgumentParser, *, counts: bool) -> None:
+    """--design-file, --prompt-pool, --token-pool, --colocated-pool, --chunked-prefill.
+
+    Args:
+        counts: the CLI needs pool counts (evaluate) rather than searching them (optimize).
+    """
+    what = "COUNT required" if counts else "COUNT optional: a count fixes the pool; several machines are searched"
+    ap.add_argument("--design-file", metavar="FILE", help="TOML/JSON design file: pools, link, scheduler "
+                                                           "(docs/designs.md)")
+    ap.add_argument("--prompt-pool", metavar="SPEC", help=f"prompt pool {_POOL_FORM}, e.g. dgx-h100:27 ({what})")
+    ap.add_argument("--token-pool", metavar="SPEC", help=f"token pool {_POOL_FORM}, e.g. dgx-h100:3@0.7")
+    ap.add_argument("--colocated-pool", metavar="SPEC", help=f"one pool running both phases, {_POOL_FORM}, "
+                                                              "e.g. dgx-h100:40")
+    if counts:
+        ap.add_argument("--chunked-prefill", type=_cli.positive_float, metavar="TOKENS",
+                        help="chunked prefill on a colocated design with this prompt-token budget per iteration")
+    else:
+        ap.add_argument("--chunked-prefill", metavar="TOKENS[,TOKENS...]",
+                        help="chunked prefill on a colocated design; several budgets are searched")
+
+
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """--model, --specs, --hf-config, --weight-dtype, --kv-dtype."""
+    ap.add_argument("--model", help=f"LLM name from the catalogue or a --specs file (default {DEFAULT_MODEL}, or "
+                                    "the --hf-config model)")
+    ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs (docs/specs.md)")
+    ap.add_argument("--hf-config", metavar="PATH", help="a local Hugging Face config.json (or its folder) as the "
+                                                        "model; named by --model if given")
+    ap.add_argument("--weight-dtype", help="override the model's weight precision (fp16, bf16, fp8, ...)")
+    ap.add_argument("--kv-dtype", help="override the model's KV-cache precision (fp16, bf16, fp8, ...)")
+
+
+def model_from_args(args) -> LLM:
+    """Load --specs and --hf-config, then the model with any precision overrides."""
+    if args.specs is not None:
+        catalog.load_specs(_cli.input_file("--specs", args.specs))
+    if args.hf_config is not None:
+        from splitwise_jax.hf_config import load_hf_config  # file reading, only when asked
+
+        try:
+            llm = load_hf_config(args.hf_config, name=args.model)
+        except ValueError as e:
+            raise ValueError(f"--hf-config: {e}") from None
+    else:
+        name = args.model or DEFAULT_MODEL
+        if name not in catalog.llm_names():
+            raise ValueError(f"--model must be one of {catalog.llm_names()}, got {name!r}")
+        llm = catalog.get_llm(name)
+    changes = {}
+    if args.weight_dtype is not None:
+        changes["weight_dtype"] = canonical_dtype(args.weight_dtype, "--weight-dtype")
+    if args.kv_dtype is not None:
+        changes["kv_dtype"] = canonical_dtype(args.kv_dtype, "--kv-dtype")
+    if changes:
+        tag = ",".join(f"{k.split('_')[0]}={v}" for k, v in changes.items())
+        llm = llm.replace(name=f"{llm.name}[{tag}]", **changes)
+    return llm
+
+
+def _pool_flags(args) -> list[tuple[str, str, str]]:
+    return [(flag, getattr(args, attr), role) for flag, attr, role in (
+        ("--prompt-pool", "prompt_pool", "prompt"), ("--token-pool", "token_pool", "token"),
+        ("--colocated-pool", "colocated_pool", "colocated")) if getattr(args, attr) is not None]
+
+
+def design_from_args(args, *, preset_sizes=None, chunked_prefill: float | None = None,
+                     default_design: str = "splitwise-hh") -> Design:
+    """The design the arguments describe: a --design-file, pool flags, or a preset.
+
+    Args:
+        args: parsed arguments (add_design_arguments' and --design).
+        preset_sizes: (first pool, token pool) counts for a preset (evaluate), or None
+            to leave them unset (optimize searches them).
+        chunked_prefill: a prompt-token budget that makes a colocated design chunked.
+        default_design: the preset when none of the three is given.
+    """
+    from splitwise_jax.design_file import load_design, parse_pool_flag
+
+    flags = _pool_flags(args)
+    sources = [s for s, on in (("--design", args.design is not None), ("--design-file", args.design_file is not None),
+                               ("pool flags", bool(flags))) if on]
+    if len(sources) > 1:
+        raise ValueError(f"give one of --design NAME, --design-file FILE or pool flags (--prompt-pool/--token-pool or "
+                         f"--colocated-pool), not {' and '.join(sources)}")
+    if args.design_file is not None:
+        design = load_design(_cli.input_file("--design-file", args.design_file))
+    elif flags:
+        roles = sorted(r for _, _, r in flags)
+        if roles not in (["colocated"], ["prompt", "token"]):
+            raise ValueError("pool flags: give --prompt-pool and --token-pool (Splitwise), or --colocated-pool alone")
+        pools = tuple(parse_pool_flag(flag, text, role) for flag, text, role in flags)
+        design = Design("custom-" + ("colocated" if roles == ["colocated"] else "split"), pools)
+    else:
+        design = get_design(args.design or default_design)
+        if preset_sizes is not None:
+            design = design.with_counts(*preset_sizes)
+    budget = chunked_prefill
+    if budget is not None:
+        if design.kind == "splitwise":
+            raise ValueError(f"--chunked-prefill applies to a colocated design, not {design.name!r} (Splitwise runs "
+                             "whole prompts on its prompt pool)")
+        design = design.replace(chunked_prefill_tokens=float(budget),
+                                name=design.name.replace("baseline-", "chunked-"))
+    for p in design.pools:
+        for m in p.machines:
+            if m not in catalog.machine_names():
+                raise ValueError(f"the {p.role} pool's machine must be one of {catalog.machine_names()} (or a --specs "
+                                 f"file's), got {m!r}")
+    return design
+
+
+def is_preset(args) -> bool:
+    return args.design_file is None and not _pool_flags(args)
+
+
+def check_counts(design: Design) -> None:
+    """Every pool has a count and one machine type (evaluate), or ValueError."""
+    for p in design.pools:
+        if p.count is None:
+            raise ValueError(f"the {p.role} pool of {design.name!r} has no count: give MACHINE:COUNT "
+                             "(or count = N in the design file)")
+        if len(p.machines) > 1:
+            raise ValueError(f"the {p.role} pool of {design.name!r} lists {len(p.machines)} machines; evaluate takes "
+                             "one per pool (lists are for optimize)")
+
+
+def _nan_to_none(x: float):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def provenance_dict(prov: Provenance, capped: bool) -> dict:
+    """A pool's `provenance` JSON object: label, kind, source GPU, expected MAPE (under a
+    cap when the pool is capped), basis and notes; unknown errors are null."""
+    prompt, token = prov.expected_mape_pct(capped)
+    return {"label": prov.label, "kind": prov.kind, "calibrated": prov.kind == "calibrated",
+            "source_gpu": prov.source_gpu, "expected_mape_pct": {"prompt": _nan_to_none(prompt),
+                                                                 "token": _nan_to_none(token)},
+            "capped": capped, "basis": prov.basis, "notes": list(prov.notes)}
+
+
+def pools_dict(cluster, params_path=None, phase_model: str = "calibrated") -> list[dict]:
+    """One JSON object per pool: role, machine, GPU, count, cap, tp and `provenance`."""
+    from splitwise_jax.designs import cluster_pools, pool_provenance
+
+    provs = dict(pool_provenance(cluster, params_path))
+    out = []
+    for role, t, n in cluster_pools(cluster):
+        cap = float(t.cap_frac)
+        out.append({"role": role, "machine": t.machine.name, "gpu": t.machine.gpu.name, "count": float(n),
+                    "cap_frac": cap, "tp": t.machine.gpus_per_machine, "phase_model": phase_model,
+                    "provenance": provenance_dict(provs[role], cap < 1.0 - 1e-9)})
+    return out
+
+
+def pool_lines(pools: list[dict]) -> list[str]:
+    """Text lines saying each pool's machines and how far its phase timing is trusted."""
+    lines = []
+    for p in pools:
+        pv = p["provenance"]
+        err = pv["expected_mape_pct"]
+        pct = ("unknown" if err["prompt"] is None else
+               f"prompt {err['prompt']:.1f}%, token {err['token']:.1f}%{' (capped)' if pv['capped'] else ''}")
+        head = (f"{p['role']} pool: {p['count']:g} x {p['machine']} ({p['gpu']}, tp {p['tp']}, "
+                f"cap {100 * p['cap_frac']:.0f}%): ")
+        if pv["calibrated"]:
+            lines.append(head + f"calibrated phase parameters (held-out error {pct})")
+        else:
+            lines.append(head + f"UNCALIBRATED: {pv['label']}, expected error {pct} ({pv['basis']})")
+        lines += [f"    note: {n}" for n in pv["notes"]]
+    return lines
+
