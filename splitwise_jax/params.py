@@ -11,6 +11,10 @@ The file holds the shared physics parameters and, optionally, per-GPU overrides:
 A GPU without an override uses the shared values, which is how a spec sheet carries
 to a new GPU. `read_params_file` and `write_params_file` are the one reader and writer
 of that format (the calibration and the predict command use them too).
+
+An optional fourth key, ``"uncertainty"``, holds the fit's parameter uncertainty
+(`ParamUncertainty`: a Laplace covariance in the fit's unconstrained space and the
+residual scatter of the fit; docs/uncertainty.md). Files without it read as before.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
+import numpy as np
 
 from splitwise_jax._paths import PACKAGE_DATA
 
@@ -129,13 +134,131 @@ class PhaseParams:
 PRIOR = PhaseParams()
 
 
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PhaseParams))
+#: Phases whose residual scatter a `ParamUncertainty` records.
+RESIDUAL_PHASES = ("prompt", "token")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamUncertainty:
+    """Uncertainty of a calibration (host-side data, not a pytree).
+
+    The fit's free components live in its unconstrained space (`calibrate.fit.BOUNDS`:
+    log of positive fields, logit of bounded ones): ``"shared:<field>"`` for a shared
+    value and ``"<gpu>:<field>"`` for a GPU's deviation from it, so a GPU with a
+    deviation runs on raw value shared + deviation, any other GPU on shared alone.
+    Fields the fit froze have no component (zero variance).
+
+    Attributes:
+        names: the free components, length p.
+        mean: their values at the fit, shape (p,).
+        covariance: their Laplace covariance, shape (p, p), symmetric positive definite.
+        residual_sd: the fit's residual scatter as a log-normal s.d.: phase ("prompt",
+            "token") -> profile hardware name (e.g. "h100-80gb-pcap") -> s.d. of
+            log(measured / predicted) not explained by the parameters.
+        unseen_gpu_sd: phase -> the same for a GPU without profiles (measured on the
+            spec-transfer split when the calibration ran it; else absent).
+        meta: how it was computed (method, counts, scales).
+    """
+
+    names: tuple[str, ...]
+    mean: np.ndarray
+    covariance: np.ndarray
+    residual_sd: dict
+    unseen_gpu_sd: dict = dataclasses.field(default_factory=dict)
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        names = tuple(str(n) for n in self.names)
+        mean = np.asarray(self.mean, dtype=float)
+        cov = np.asarray(self.covariance, dtype=float)
+        p = len(names)
+        if mean.shape != (p,) or cov.shape != (p, p):
+            raise ValueError(f"uncertainty: {p} names need mean ({p},) and covariance ({p}, {p}), got "
+                             f"{mean.shape} and {cov.shape}")
+        bad = [n for n in names if n.count(":") != 1 or n.split(":")[1] not in FIELD_NAMES]
+        if bad or len(set(names)) != p:
+            raise ValueError(f"uncertainty: names must be unique '<shared|gpu>:<PhaseParams field>', got {bad or names}")
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(cov)) and np.allclose(cov, cov.T, atol=1e-12)
+                and np.all(np.diag(cov) >= 0)):
+            raise ValueError("uncertainty: mean and covariance must be finite, the covariance symmetric with a "
+                             "non-negative diagonal")
+        for label, table in (("residual_sd", self.residual_sd), ("unseen_gpu_sd", self.unseen_gpu_sd)):
+            if not isinstance(table, dict) or not set(table) <= set(RESIDUAL_PHASES):
+                raise ValueError(f"uncertainty: {label} must map phases {list(RESIDUAL_PHASES)} to values")
+        for phase, per_hw in self.residual_sd.items():
+            if not isinstance(per_hw, dict) or not all(_finite_nonneg(v) for v in per_hw.values()):
+                raise ValueError(f"uncertainty: residual_sd[{phase!r}] must map hardware names to s.d. >= 0")
+        if not all(_finite_nonneg(v) for v in self.unseen_gpu_sd.values()):
+            raise ValueError("uncertainty: unseen_gpu_sd values must be s.d. >= 0")
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "covariance", 0.5 * (cov + cov.T))
+
+    def raw_covariance(self, gpus) -> np.ndarray:
+        """Joint covariance of the raw (unconstrained) parameters of several GPUs.
+
+        Args:
+            gpus: GPU names (e.g. ``("h100-80gb", "a100-80gb")``); a GPU the fit had no
+                profiles of runs on the shared values.
+
+        Returns:
+            (len(gpus) * n_fields, len(gpus) * n_fields), blocks in the order of
+            `gpus`, fields in `PhaseParams` order; zero rows for frozen fields.
+        """
+        index = {n: i for i, n in enumerate(self.names)}
+        n_f = len(FIELD_NAMES)
+        a = np.zeros((len(gpus) * n_f, len(self.names)))
+        for k, gpu in enumerate(gpus):
+            for j, f in enumerate(FIELD_NAMES):
+                for key in (f"shared:{f}", f"{gpu}:{f}"):
+                    if key in index:
+                        a[k * n_f + j, index[key]] = 1.0
+        return a @ self.covariance @ a.T
+
+    def phase_sd(self, phase: str, hardware: str | None) -> float:
+        """Residual scatter of one phase on one profile hardware (an unseen GPU: the
+        spec-transfer scatter if measured, else the largest scatter of a profiled one)."""
+        table = self.residual_sd.get(phase, {})
+        if hardware in table:
+            return float(table[hardware])
+        if phase in self.unseen_gpu_sd:
+            return float(self.unseen_gpu_sd[phase])
+        return max((float(v) for v in table.values()), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {"names": list(self.names), "mean": self.mean.tolist(), "covariance": self.covariance.tolist(),
+                "residual_sd": self.residual_sd, "unseen_gpu_sd": self.unseen_gpu_sd, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ParamUncertainty":
+        if not isinstance(d, dict):
+            raise ValueError(f"uncertainty must be an object, got {type(d).__name__}")
+        missing = [k for k in ("names", "mean", "covariance", "residual_sd") if k not in d]
+        unknown = set(d) - {"names", "mean", "covariance", "residual_sd", "unseen_gpu_sd", "meta"}
+        if missing or unknown:
+            raise ValueError(f"uncertainty: missing keys {missing}, unknown keys {sorted(unknown)}; accepted: names, "
+                             "mean, covariance, residual_sd, unseen_gpu_sd, meta")
+        try:
+            return cls(tuple(d["names"]), np.asarray(d["mean"], dtype=float), np.asarray(d["covariance"], dtype=float),
+                       dict(d["residual_sd"]), dict(d.get("unseen_gpu_sd") or {}), dict(d.get("meta") or {}))
+        except (TypeError, ValueError) as e:
+            raise ValueError(str(e) if str(e).startswith("uncertainty") else f"uncertainty: {e}") from None
+
+
+def _finite_nonneg(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 class ParamsFile(NamedTuple):
     """A params file's content: shared values, per-GPU overrides (absolute values of
-    the overridden fields only) and free-form metadata."""
+    the overridden fields only), free-form metadata and, when the calibration computed
+    it, the parameter uncertainty."""
 
     shared: PhaseParams
     per_gpu: dict[str, dict[str, float]]
     meta: dict
+    uncertainty: ParamUncertainty | None = None
 
 
 def read_params_file(path: str | Path) -> ParamsFile:
@@ -166,9 +289,10 @@ def _read(path: str, _mtime_ns: int, _size: int) -> ParamsFile:
     if not isinstance(data, dict) or not isinstance(data.get("shared"), dict):
         raise ValueError(f"params file {p} must be a JSON object with a 'shared' object of PhaseParams fields, "
                          'e.g. {"shared": {"mfu_max": 0.6}, "per_gpu": {}, "meta": {}}')
-    unknown = set(data) - {"shared", "per_gpu", "meta"}
+    unknown = set(data) - {"shared", "per_gpu", "meta", "uncertainty"}
     if unknown:
-        raise ValueError(f"params file {p}: unknown keys {sorted(unknown)}; accepted: shared, per_gpu, meta")
+        raise ValueError(f"params file {p}: unknown keys {sorted(unknown)}; accepted: shared, per_gpu, meta, "
+                         "uncertainty")
     try:
         shared = PhaseParams.from_dict(data["shared"])
     except ValueError as e:
@@ -184,13 +308,22 @@ def _read(path: str, _mtime_ns: int, _size: int) -> ParamsFile:
     meta = data.get("meta") or {}
     if not isinstance(meta, dict):
         raise ValueError(f"params file {p}: 'meta' must be an object")
-    return ParamsFile(shared, {k: {f: float(x) for f, x in v.items()} for k, v in per_gpu.items()}, dict(meta))
+    uncertainty = None
+    if data.get("uncertainty") is not None:
+        try:
+            uncertainty = ParamUncertainty.from_dict(data["uncertainty"])
+        except ValueError as e:
+            raise ValueError(f"params file {p}: {e}") from None
+    return ParamsFile(shared, {k: {f: float(x) for f, x in v.items()} for k, v in per_gpu.items()}, dict(meta),
+                      uncertainty)
 
 
 def write_params_file(path: str | Path, shared: PhaseParams, per_gpu: dict[str, dict] | None = None,
-                      meta: dict | None = None) -> None:
+                      meta: dict | None = None, uncertainty: ParamUncertainty | None = None) -> None:
     """Write a params file (the one writer of the format; `read_params_file` reads it)."""
     data = {"shared": shared.to_dict(), "per_gpu": per_gpu or {}, "meta": meta or {}}
+    if uncertainty is not None:
+        data["uncertainty"] = uncertainty.to_dict()
     Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -215,3 +348,12 @@ def load_params(gpu_name: str | None = None, path: str | Path | None = None) -> 
 def default_params(gpu_name: str | None = None) -> PhaseParams:
     """The shipped calibrated parameters for a GPU (shared values for unknown GPUs)."""
     return load_params(gpu_name)
+
+
+def load_uncertainty(path: str | Path | None = None) -> ParamUncertainty | None:
+    """The parameter uncertainty stored with a params file (default: the shipped fit);
+    None when the file has none (an older file, or the prior)."""
+    path = Path(path) if path is not None else FITTED_PARAMS_FILE
+    if not path.exists() and path == FITTED_PARAMS_FILE:
+        return None
+    return read_params_file(path).uncertainty

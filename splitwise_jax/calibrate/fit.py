@@ -36,8 +36,8 @@ import pandas as pd
 
 from splitwise_jax.calibrate.rows import _design, gpu_of_hardware, predict_rows
 from splitwise_jax.catalog import CAP_OF_HARDWARE, get_llm
-from splitwise_jax.params import (FITTED_PARAMS_FILE, PRIOR, PhaseParams, params_for_gpu, read_params_file,
-                                  write_params_file)
+from splitwise_jax.params import (FITTED_PARAMS_FILE, PRIOR, ParamUncertainty, PhaseParams, params_for_gpu,
+                                  read_params_file, write_params_file)
 from splitwise_jax.profiles import CONFIG_KEYS, SERIES_KEYS, flag_outliers
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PhaseParams))
@@ -164,13 +164,14 @@ class Fitted:
     shared: PhaseParams
     per_gpu: dict[str, dict[str, float]]
     meta: dict
+    uncertainty: ParamUncertainty | None = None  # `calibrate.laplace.laplace`; None: not computed
 
     def params_for(self, gpu_name: str) -> PhaseParams:
         """Parameters a GPU runs on: its overrides if any, else the shared values."""
         return params_for_gpu(self, gpu_name)
 
     def save(self, path) -> None:
-        write_params_file(path, self.shared, self.per_gpu, self.meta)
+        write_params_file(path, self.shared, self.per_gpu, self.meta, self.uncertainty)
 
     @classmethod
     def load(cls, path=None) -> "Fitted":
@@ -183,7 +184,8 @@ class Fitted:
         if path is None and not p.exists():
             return cls(PRIOR, {}, {"source": "prior (no fitted file shipped)"})
         content = read_params_file(p)
-        return cls(content.shared, {k: dict(v) for k, v in content.per_gpu.items()}, dict(content.meta))
+        return cls(content.shared, {k: dict(v) for k, v in content.per_gpu.items()}, dict(content.meta),
+                   content.uncertainty)
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,28 +197,48 @@ def _pseudo_huber(r, scale):
     return scale**2 * (jnp.sqrt(1.0 + (r / scale) ** 2) - 1.0)
 
 
-def _make_loss(keys, cfg: FitConfig, dev_mask, raw_start):
-    llms = [get_llm(m) for m, _ in keys]
+class Residuals(NamedTuple):
+    """log(predicted / measured) of one (model, TP) group, shape [n] each, and the weight
+    each carries in the loss (0 for rows not fitted)."""
 
+    prompt: jnp.ndarray
+    token: jnp.ndarray
+    peak_power: jnp.ndarray
+    avg_power: jnp.ndarray
+    w_prompt: jnp.ndarray
+    w_token: jnp.ndarray
+    w_peak_power: jnp.ndarray
+    w_avg_power: jnp.ndarray
+
+
+def _residuals(theta: RawParams, data, keys, cfg: FitConfig, dev_mask) -> list[Residuals]:
+    """The fit's residuals per (model, TP) group (the loss and the Laplace step share them)."""
+    out = []
+    for k, (model, tp) in enumerate(keys):
+        d = data[k]
+        raw = theta.shared[None, :] + theta.deviation[d.gpu_index] * dev_mask[None, :]
+        params = _params_of(_from_raw(raw))
+        pred = predict_rows(params, d.machine, get_llm(model), d.prompt_size, d.batch_size, d.token_size, tp=tp,
+                            cap_frac=d.cap_frac)
+        out.append(Residuals(
+            prompt=jnp.log(pred.prompt_s) - d.log_prompt_s, token=jnp.log(pred.token_s) - d.log_token_s,
+            peak_power=jnp.log(pred.peak_frac / d.peak_frac), avg_power=jnp.log(pred.avg_frac / d.avg_frac),
+            w_prompt=cfg.w_prompt * d.w_prompt, w_token=cfg.w_token * d.w_token,
+            w_peak_power=cfg.w_power * d.w_power, w_avg_power=cfg.w_power * d.w_avg_power))
+    return out
+
+
+def _make_loss(keys, cfg: FitConfig, dev_mask, raw_start):
     def loss(theta: RawParams, data):
         h = cfg.huber_scale
         total = 0.0
         n = 0.0
-        for k, (_, tp) in enumerate(keys):
-            d = data[k]
-            raw = theta.shared[None, :] + theta.deviation[d.gpu_index] * dev_mask[None, :]
-            params = _params_of(_from_raw(raw))
-            pred = predict_rows(params, d.machine, llms[k], d.prompt_size, d.batch_size, d.token_size, tp=tp,
-                                cap_frac=d.cap_frac)
-            rp = jnp.log(pred.prompt_s) - d.log_prompt_s
-            rt = jnp.log(pred.token_s) - d.log_token_s
-            rpk = jnp.log(pred.peak_frac / d.peak_frac)
-            rav = jnp.log(pred.avg_frac / d.avg_frac)
-            total = total + cfg.w_prompt * jnp.sum(d.w_prompt * _pseudo_huber(rp, h))
-            total = total + cfg.w_token * jnp.sum(d.w_token * _pseudo_huber(rt, h))
-            total = total + cfg.w_power * jnp.sum(d.w_power * _pseudo_huber(rpk, h)
-                                                  + d.w_avg_power * _pseudo_huber(rav, h))
-            n = n + jnp.sum(d.w_prompt)
+        for k, r in enumerate(_residuals(theta, data, keys, cfg, dev_mask)):
+            total = total + jnp.sum(r.w_prompt * _pseudo_huber(r.prompt, h))
+            total = total + jnp.sum(r.w_token * _pseudo_huber(r.token, h))
+            total = total + jnp.sum(r.w_peak_power * _pseudo_huber(r.peak_power, h)
+                                    + r.w_avg_power * _pseudo_huber(r.avg_power, h))
+            n = n + jnp.sum(data[k].w_prompt)
         data_term = total / jnp.maximum(n, 1.0) / h**2
         reg = (cfg.deviation_penalty * jnp.sum(theta.deviation**2)
                + cfg.prior_penalty * jnp.sum((theta.shared - raw_start) ** 2))
@@ -305,6 +327,27 @@ def power_outliers(medians: pd.DataFrame) -> pd.DataFrame:
                 f"({m:.2f})" for v, m in zip(bad["average_power_frac"], series[bad.index])])
 
 
+def _prepare(medians: pd.DataFrame, config: FitConfig, train_ids=None):
+    """The fit's data: ((model, TP) keys, GPUs, per-group arrays, which GPUs have
+    training rows [n_gpus], which rows of `med` are fitted, `med`: the medians sorted by
+    config_id with the row weights; the groups hold its rows grouped by (model, TP))."""
+    med = medians.sort_values("config_id").reset_index(drop=True)
+    use = np.ones(len(med), bool) if train_ids is None else med["config_id"].isin(set(train_ids)).to_numpy().copy()
+    if config.exclude_outliers:
+        use &= ~med["config_id"].isin(outlier_ids(medians)).to_numpy()
+    if not use.any():
+        raise ValueError("no configurations to fit (check train_ids and the outlier filter)")
+    gpus = tuple(sorted({gpu_of_hardware(h) for h in med["hardware"]}))
+    gpu_has_data = jnp.asarray([float(any(gpu_of_hardware(h) == g for h in med.loc[use, "hardware"])) for g in gpus])
+    w = use.astype(float)
+    w_avg = w * ~med["config_id"].isin(set(power_outliers(medians)["config_id"])).to_numpy()
+    capped = med["hardware"].map(lambda h: CAP_OF_HARDWARE[h] < 1.0).to_numpy()
+    w_tok = w * np.where(capped, config.w_capped_token, 1.0)
+    med = med.assign(w_prompt=w, w_token=w_tok, w_power=w, w_avg_power=w_avg)
+    keys, data = _design(med, gpus)
+    return keys, gpus, data, gpu_has_data, use, med
+
+
 def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=None, start: PhaseParams = FIT_START,
         progress: bool = True, desc: str = "calibrating") -> tuple[Fitted, list[float]]:
     """Fit the phase model to configuration medians by Adam on the robust log-error loss.
@@ -332,20 +375,7 @@ def fit(medians: pd.DataFrame, *, config: FitConfig = FitConfig(), train_ids=Non
     """
     from tqdm.auto import tqdm
 
-    med = medians.sort_values("config_id").reset_index(drop=True)
-    use = np.ones(len(med), bool) if train_ids is None else med["config_id"].isin(set(train_ids)).to_numpy().copy()
-    if config.exclude_outliers:
-        use &= ~med["config_id"].isin(outlier_ids(medians)).to_numpy()
-    if not use.any():
-        raise ValueError("no configurations to fit (check train_ids and the outlier filter)")
-    gpus = tuple(sorted({gpu_of_hardware(h) for h in med["hardware"]}))
-    gpu_has_data = jnp.asarray([float(any(gpu_of_hardware(h) == g for h in med.loc[use, "hardware"])) for g in gpus])
-    w = use.astype(float)
-    w_avg = w * ~med["config_id"].isin(set(power_outliers(medians)["config_id"])).to_numpy()
-    capped = med["hardware"].map(lambda h: CAP_OF_HARDWARE[h] < 1.0).to_numpy()
-    w_tok = w * np.where(capped, config.w_capped_token, 1.0)
-    med = med.assign(w_prompt=w, w_token=w_tok, w_power=w, w_avg_power=w_avg)
-    keys, data = _design(med, gpus)
+    keys, gpus, data, gpu_has_data, use, _ = _prepare(medians, config, train_ids)
     raw_start = _to_raw(start)
     adam, run_chunk = _compiled(keys, gpus, config, tuple(raw_start.tolist()))
     theta = RawParams(jnp.asarray(raw_start), jnp.zeros((len(gpus), len(FIELDS))))

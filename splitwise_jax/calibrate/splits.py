@@ -11,12 +11,15 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from splitwise_jax.calibrate.fit import FitConfig, fit, outlier_ids
+from splitwise_jax.calibrate.intervals import predict_intervals
+from splitwise_jax.calibrate.laplace import laplace
 from splitwise_jax.calibrate.rows import gpu_of_hardware, predict_frame
 from splitwise_jax.catalog import MACHINE_OF_HARDWARE, get_machine
 from splitwise_jax.profiles import CONFIG_KEYS, SERIES_KEYS
@@ -99,7 +102,8 @@ def _safe_interp(train_rows: pd.DataFrame, query: pd.DataFrame) -> pd.DataFrame:
 
 
 def evaluate_split(rows: pd.DataFrame, medians: pd.DataFrame, split: str, seeds: Sequence[int] = (0,), *,
-                   config: FitConfig = FitConfig(), progress: bool = True) -> pd.DataFrame:
+                   config: FitConfig = FitConfig(), progress: bool = True,
+                   interval_level: float | None = 0.9) -> pd.DataFrame:
     """Fit on a split's training configurations and predict its held-out ones.
 
     Args:
@@ -110,11 +114,14 @@ def evaluate_split(rows: pd.DataFrame, medians: pd.DataFrame, split: str, seeds:
         seeds: seeds of the random split (the other splits are deterministic and run once).
         config: fit options.
         progress: tqdm bars.
+        interval_level: also give each held-out prediction its interval at this level
+            (a Laplace step on each training fit, `laplace.py`; None: no intervals).
 
     Returns:
         One row per (seed, held-out configuration): CONFIG_KEYS, config_id, split, seed,
         measured prompt_time / token_time (ms, medians), the model's (`model_*`) and the
-        baseline's (`base_*`) predictions.
+        baseline's (`base_*`) predictions; with intervals also interval_level and
+        model_{prompt,token}_{lo,hi} (ms).
 
     Raises:
         ValueError: unknown split, or a split with nothing to train or test on.
@@ -134,9 +141,17 @@ def evaluate_split(rows: pd.DataFrame, medians: pd.DataFrame, split: str, seeds:
         pred = predict_frame(fitted, test)
         train_rows = rows[rows["config_id"].isin(set(train_ids))]
         base = _spec_scaled_baseline(train_rows, test) if split == "spec_transfer" else _safe_interp(train_rows, test)
-        frames.append(test[list(CONFIG_KEYS) + ["config_id", "batch_tokens", "prompt_time", "token_time"]].assign(
+        frame = test[list(CONFIG_KEYS) + ["config_id", "batch_tokens", "prompt_time", "token_time"]].assign(
             split=split, seed=seed,
             model_prompt_time=pred["prompt_time"].to_numpy(), model_token_time=pred["token_time"].to_numpy(),
-            base_prompt_time=base["prompt_time"].to_numpy(), base_token_time=base["token_time"].to_numpy()))
+            base_prompt_time=base["prompt_time"].to_numpy(), base_token_time=base["token_time"].to_numpy())
+        if interval_level is not None:
+            fitted = dataclasses.replace(fitted, uncertainty=laplace(fitted, medians, config=config,
+                                                                     train_ids=train_ids))
+            iv = predict_intervals(fitted, test, interval_level)
+            frame = frame.assign(interval_level=interval_level, **{
+                f"model_{ph}_{end}": iv[f"{ph}_time_{end}"].to_numpy() for ph in ("prompt", "token")
+                for end in ("lo", "hi")})
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
