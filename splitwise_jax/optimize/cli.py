@@ -20,9 +20,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from splitwise_jax import _cli, paper
+from splitwise_jax import _cli, _design_args, paper
 from splitwise_jax._validate import check_choice
-from splitwise_jax.catalog import llm_names, load_specs
 from splitwise_jax.optimize.compare import compare_designs, headline_ratios, problem_kind
 from splitwise_jax.optimize.gradient import optimize
 from splitwise_jax.optimize.integer import evaluate_candidate, grid_search
@@ -57,14 +56,38 @@ def _enable_cache():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def _parse_budgets(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        vals = ()
+    if not vals or not all(np.isfinite(v) and v > 0 for v in vals):
+        raise ValueError(f"--chunked-prefill must be one or more comma-separated token budgets > 0, got {text!r}")
+    return vals
+
+
+def _answer_pools(cluster, res, phase_model: str) -> list[dict]:
+    """Each pool of the answer (its counts and caps) with its provenance."""
+    from splitwise_jax.optimize.spec import with_cap
+
+    b = res.best
+    if b is not None:
+        cluster = cluster.replace(n_prompt=float(b.prompt_machines), n_token=float(b.token_machines),
+                                  prompt=with_cap(cluster.prompt, b.prompt_cap_frac),
+                                  token=with_cap(cluster.token, b.token_cap_frac))
+    return _design_args.pools_dict(cluster, phase_model=phase_model)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES
+    from splitwise_jax.designs import DESIGNS, PHASE_MODELS, PRESETS, TRANSFER_MODES
 
     ap = argparse.ArgumentParser(
         prog="python -m splitwise_jax.optimize",
         description="Find the cheapest / least-power / highest-throughput cluster meeting every SLO, by gradient "
                     "(default: the paper's Fig. 12 problem: Splitwise-HH, coding, 70 req/s, cost).")
-    ap.add_argument("--design", default="splitwise-hh", choices=sorted(DESIGNS))
+    ap.add_argument("--design", choices=sorted(PRESETS), help="a named design (default splitwise-hh); or "
+                                                              "--design-file, or pool flags")
+    _design_args.add_design_arguments(ap, counts=False)
     ap.add_argument("--workload", default="coding", help="preset (coding, conversation) or an Azure/SplitwiseSim trace CSV")
     ap.add_argument("--objective", default="cost", choices=OBJECTIVES)
     ap.add_argument("--rate", type=_cli.positive_float, metavar="R",
@@ -81,10 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bins", type=_cli.nonnegative_int, default=16,
                     help="request classes per marginal for the search (0: full resolution); the answer is re-checked at full resolution")
     ap.add_argument("--slo", help="9 slowdown limits TTFT,TBT,E2E x P50,P90,P99 (default Table VI: 2,3,6,1.25,1.5,5,1.25,1.5,5)")
-    ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
-    ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs (docs/specs.md)")
+    _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", default="calibrated", choices=PHASE_MODELS)
-    ap.add_argument("--transfer-mode", default="serialized", choices=TRANSFER_MODES)
+    ap.add_argument("--transfer-mode", choices=TRANSFER_MODES, help="KV transfer (default: the design's, serialized)")
     ap.add_argument("--steps", type=_cli.positive_int, help="gradient steps per augmented-Lagrangian round (default 30)")
     ap.add_argument("--verify", action="store_true", help="also evaluate the exhaustive integer grid and compare")
     ap.add_argument("--no-prune", action="store_true", help="with --verify: evaluate every cell (no exact pruning)")
@@ -125,7 +147,8 @@ def _check_flags(args) -> None:
 def main(argv=None) -> int:
     """Command-line entry point (see docs/optimize.md); bad input exits 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
-    from splitwise_jax.designs import DESIGNS, make_cluster
+    from splitwise_jax.designs import DESIGNS, build_cluster, make_cluster
+    from splitwise_jax.optimize.variants import best_variant, variants
     from splitwise_jax.workload import coarsen
     from splitwise_jax.workload import workload as load_workload
 
@@ -136,9 +159,7 @@ def main(argv=None) -> int:
         _check_flags(args)
         if args.plot is not None:
             _cli.output_file("--plot", args.plot)
-        if args.specs is not None:
-            load_specs(_cli.input_file("--specs", args.specs))
-        check_choice("--model", args.model, llm_names())
+        llm = _design_args.model_from_args(args)
         slo = _parse_slo(args.slo) if args.slo else paper.TABLE_VI_SLO
         problem = Problem(args.objective, rate_per_s=args.rate, power_budget_kw=args.power_budget,
                           cost_budget_per_h=args.cost_budget, slo=slo, free_caps=args.free_caps,
@@ -151,8 +172,31 @@ def main(argv=None) -> int:
                 check_choice("--designs", d, sorted(DESIGNS))
             if args.baseline not in designs:
                 designs.append(args.baseline)
-        kw = dict(model=args.model, phase_model=args.phase_model, transfer_mode=args.transfer_mode)
-        clusters = {d: make_cluster(d, 1.0, 1.0, **kw) for d in designs}
+        kw = dict(model=llm, phase_model=args.phase_model, transfer_mode=args.transfer_mode)
+        custom = not _design_args.is_preset(args) or args.chunked_prefill is not None
+        if custom:  # a design file, pool flags or budgets: one problem per machine / budget choice
+            if args.compare_designs:
+                raise ValueError("--compare-designs compares the named designs; it does not combine with "
+                                 "--design-file, pool flags or --chunked-prefill")
+            budgets = _parse_budgets(args.chunked_prefill) if args.chunked_prefill is not None else None
+            design = _design_args.design_from_args(args, chunked_prefill=budgets[0] if budgets else None)
+            if any(p.count is not None for p in design.pools):
+                print("note: pool counts in the design are what optimize searches; the given counts are not used",
+                      file=sys.stderr)
+            if args.transfer_mode is not None:
+                design = design.replace(transfer_mode=args.transfer_mode)
+            found = variants(design, budgets)
+            clusters = {k: build_cluster(v.with_counts(1.0, 1.0 if v.kind == "splitwise" else None),
+                                         model=llm, phase_model=args.phase_model) for k, v in found.items()}
+            designs = list(clusters)
+            args.design = designs[0]
+        else:
+            args.design = args.design or "splitwise-hh"
+            designs = designs if args.compare_designs else [args.design]
+            clusters = {d: make_cluster(d, 1.0, 1.0, **kw) for d in designs}
+        if args.simulate_top and any(clusters[d].kind == "chunked" for d in designs):
+            raise ValueError("--simulate-top simulates SplitwiseSim's policies; chunked-prefill designs are checked "
+                             "in studies/chunked_prefill.py")
         for d in designs:  # structural checks before any compilation
             if not args.compare_designs or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
                 free_flags(clusters[d], problem.free_caps)
@@ -195,9 +239,15 @@ def main(argv=None) -> int:
             fig.savefig(args.plot, dpi=120)
         return 0
 
-    cluster = clusters[args.design]
     t0 = time.perf_counter()
-    res = optimize(cluster, wl, problem, config, progress=progress)
+    searched = None
+    if len(designs) > 1:  # machine types per pool / token budgets: one problem each, the best kept
+        searched = compare_designs(lambda d: clusters[d], designs, wl, problem, config, progress=progress)
+        args.design = best_variant(searched, problem.objective) or designs[0]
+        res = searched[args.design]
+    else:
+        res = optimize(clusters[args.design], wl, problem, config, progress=progress)
+    cluster = clusters[args.design]
     opt_wall = time.perf_counter() - t0
     full = None
     if args.bins and res.best is not None:
@@ -220,12 +270,23 @@ def main(argv=None) -> int:
             d["paper"] = {k: paper.FIG12[k] for k in ("prompt_machines", "token_machines")}
         if sim_check is not None:
             d["simulate_top"] = sim_check[1]
+        if searched is not None:
+            d["variants"] = {k: _result_dict(r, clusters[k].kind == "splitwise", None, None, r.timings_s["gradient"])
+                             for k, r in searched.items()}
+        d["pools"] = _answer_pools(cluster, res, args.phase_model)
         print(json.dumps(d, indent=2))
     else:
-        _print_result(res, cluster, f"{_label(args.design)} on {args.workload}: {goal} {load} ({bins_text})",
+        if searched is not None:
+            _print_compare(searched, clusters, problem, args.design,
+                           f"{len(searched)} machine / budget choices on {args.workload}: {goal} {load}; "
+                           f"normalised to the best")
+        name = _label(args.design) if args.design in DESIGNS else args.design
+        _print_result(res, cluster, f"{name} on {args.workload}: {goal} {load} ({bins_text})",
                       full, grid, opt_wall, bins_text, fig12)
         if sim_check is not None:
             print(sim_check[0])
+        print("\n".join("  " + line for line in _design_args.pool_lines(_answer_pools(cluster, res,
+                                                                                    args.phase_model))))
         print(f"  {time.perf_counter() - t_start:.1f} s from process start")
     if args.plot:
         with _cli.input_errors(ap):  # nothing feasible to centre the plane on

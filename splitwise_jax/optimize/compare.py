@@ -66,7 +66,7 @@ def compare_designs(make: Callable[[str], Cluster], designs, workload: Workload,
     for d in designs:
         cluster = make(d)
         p = problem
-        if cluster.kind == "baseline" and problem.free_caps in ("token", "both"):
+        if cluster.kind != "splitwise" and problem.free_caps in ("token", "both"):
             p = dataclasses.replace(problem, free_caps="prompt" if problem.free_caps == "both" else "none")
         out[d] = optimize(cluster, workload, p, config, progress=progress)
     return out

@@ -84,8 +84,8 @@ def free_flags(cluster: Cluster, free_caps: str) -> tuple[bool, bool]:
     """(prompt cap free, token cap free) for this cluster, or ValueError."""
     want_p = free_caps in ("prompt", "both")
     want_t = free_caps in ("token", "both")
-    if want_t and cluster.kind == "baseline":
-        raise ValueError("free_caps 'token' needs a Splitwise design (a baseline has one pool: use 'prompt')")
+    if want_t and cluster.kind != "splitwise":
+        raise ValueError("free_caps 'token' needs a Splitwise design (a colocated design has one pool: use 'prompt')")
     for want, t in ((want_p, cluster.prompt), (want_t, cluster.token)):
         if want and not isinstance(t, CalibratedTiming):
             raise ValueError("free_caps needs phase_model 'calibrated' (the SplitwiseSim table knows "
