@@ -86,6 +86,51 @@ def _as_float_array(x) -> jax.Array:
     return jnp.asarray(x, dtype=float)
 
 
+# A trace's arrival curve is cut into windows of at least this many arrivals on average
+# and at most _MAX_WINDOWS windows: 30 windows of 20 s for the 600 s Azure code replay,
+# where the rate swings from 0 to 3x its mean between windows (counts' index of
+# dispersion ~130 at 10 s) and arrivals still come in bursts inside a window.
+_MAX_WINDOWS = 30
+_MIN_ARRIVALS_PER_WINDOW = 50
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ArrivalProfile:
+    """A trace's own arrival curve: W windows of equal length.
+
+    Attributes:
+        rate_rel: (W,) each window's arrival rate over the trace's mean rate.
+        cv2: (W,) squared coefficient of variation of inter-arrival times inside each
+            window (1 for Poisson; the window's own burstiness).
+        window_s: length of a window (s).
+    """
+
+    rate_rel: jax.Array
+    cv2: jax.Array
+    window_s: jax.Array
+
+    @classmethod
+    def from_arrivals(cls, arrival_s: np.ndarray, n_windows: int | None = None) -> "ArrivalProfile":
+        """Cuts the arrival times [first, last] into windows (see `_MAX_WINDOWS`)."""
+        t = np.sort(np.asarray(arrival_s, float))
+        span = float(t[-1] - t[0])
+        if n_windows is None:
+            n_windows = int(np.clip(len(t) // _MIN_ARRIVALS_PER_WINDOW, 1, _MAX_WINDOWS))
+        span = max(span, 1e-9)
+        edges = t[0] + span * np.arange(n_windows + 1) / n_windows
+        idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, n_windows - 1)
+        counts = np.bincount(idx, minlength=n_windows).astype(float)
+        cv2 = np.ones(n_windows)
+        for w in range(n_windows):
+            ia = np.diff(t[idx == w])
+            if len(ia) >= 3 and ia.mean() > 0:
+                cv2[w] = float(ia.var() / ia.mean() ** 2)
+        rate_rel = counts / counts.mean()
+        return cls(rate_rel=_as_float_array(rate_rel), cv2=_as_float_array(cv2),
+                   window_s=_as_float_array(span / n_windows))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Workload:
@@ -104,6 +149,9 @@ class Workload:
         arrival_cv2: scalar squared coefficient of variation of inter-arrival times
             (1 for Poisson arrivals, 0 for deterministic ones).
         name: label, static.
+        profile: the trace's own arrival curve (`ArrivalProfile`), or None for a
+            stationary process; when present `evaluate` runs the model window by
+            window over it and ignores its horizon argument.
 
     Example:
         >>> wl = workload("coding").with_rate(50.0)
@@ -117,6 +165,7 @@ class Workload:
     rate_per_s: jax.Array
     arrival_cv2: jax.Array
     name: str = dataclasses.field(metadata=dict(static=True))
+    profile: ArrivalProfile | None = None
 
     @property
     def prompt_weights(self) -> jax.Array:
@@ -248,8 +297,9 @@ class Workload:
                 columns of either format or `load_trace`'s normalised ones.
             rate_per_s: arrival rate, requests/s; None reads it from the trace as
                 1 / mean inter-arrival time.
-            arrival: "poisson" (arrival_cv2 = 1) or "trace" (arrival_cv2 measured from
-                the trace's inter-arrival times).
+            arrival: "poisson" (stationary Poisson arrivals at the mean rate) or
+                "trace" (the trace's own arrival curve, an `ArrivalProfile`, and its
+                measured arrival_cv2; `workload(path)` defaults to this).
             independent: see `from_samples`.
             n_prompt_bins: see `from_samples`.
             n_output_bins: see `from_samples`.
@@ -275,7 +325,7 @@ class Workload:
             measured_rate, measured_cv2 = _arrival_stats(df["arrival_s"].to_numpy(), name)
             rate_per_s = measured_rate if rate_per_s is None else rate_per_s
             arrival_cv2 = measured_cv2 if arrival == "trace" else 1.0
-        return cls.from_samples(
+        wl = cls.from_samples(
             df["prompt_tokens"].to_numpy(),
             df["output_tokens"].to_numpy(),
             rate_per_s=rate_per_s,
@@ -285,6 +335,12 @@ class Workload:
             n_output_bins=n_output_bins,
             name=name,
         )
+        if arrival == "trace":
+            profile = ArrivalProfile.from_arrivals(df["arrival_s"].to_numpy())
+            # A given rate rescales time: the curve's shape is kept, its windows shrink.
+            scale = measured_rate / rate_per_s
+            wl = dataclasses.replace(wl, profile=dataclasses.replace(profile, window_s=profile.window_s * scale))
+        return wl
 
 
 def workload(
@@ -292,7 +348,7 @@ def workload(
     rate_per_s: float | None = None,
     independent: bool = True,
     *,
-    arrival: str = "poisson",
+    arrival: str | None = None,
 ) -> Workload:
     """A built-in workload preset, or the workload of a trace file.
 
@@ -307,8 +363,10 @@ def workload(
         rate_per_s: arrival rate, requests/s. None gives `PRESET_RATE_PER_S` (70) for a
             preset and the trace's own rate for a file.
         independent: outer product of the marginals (True) or the joint (False).
-        arrival: "poisson" (arrival_cv2 = 1) or "trace" (the trace's measured cv2;
-            about 173 for coding and 1.2 for conversation).
+        arrival: "poisson" (arrival_cv2 = 1) or "trace" (the trace's own arrival
+            curve and measured cv2; about 173 for coding and 1.2 for conversation).
+            None: "poisson" for a preset, "trace" for a trace file (its own arrivals
+            count by default).
 
     Returns:
         The `Workload`.
@@ -327,6 +385,7 @@ def workload(
     """
     key = str(name_or_path).lower()
     if isinstance(name_or_path, str) and key in _PRESET_ALIASES:
+        arrival = "poisson" if arrival is None else arrival
         if arrival not in _ARRIVALS:
             raise ValueError(f"arrival must be one of {list(_ARRIVALS)}, got {arrival!r}")
         return _from_preset(
@@ -337,7 +396,7 @@ def workload(
         )
     if Path(name_or_path).is_file():
         return Workload.from_trace(
-            name_or_path, rate_per_s, arrival=arrival, independent=independent
+            name_or_path, rate_per_s, arrival="trace" if arrival is None else arrival, independent=independent
         )
     raise ValueError(
         f"workload {str(name_or_path)!r} is neither a preset nor an existing trace file; "

@@ -10,7 +10,8 @@ import pytest
 from conftest import needs_shared
 
 from splitwise_jax import _paths
-from splitwise_jax.workload import (
+from splitwise_jax.workload import (  # noqa: I001
+    ArrivalProfile,
     PRESET_RATE_PER_S,
     Workload,
     _probability_edges,
@@ -350,6 +351,22 @@ def test_from_trace_reads_rate_and_cv2(tmp_path):
     from_file = workload(str(path))
     np.testing.assert_allclose(from_file.mean_prompt_tokens, 610.0, rtol=ROUNDING)
     assert float(from_file.rate_per_s) == 2.0
+    # A trace file's own arrivals count by default: its arrival curve comes along.
+    assert from_file.profile is not None and float(from_file.arrival_cv2) == 0.0
+    # Windows cover the span, first to last arrival: four arrivals 0.5 s apart.
+    np.testing.assert_allclose(float(jnp.sum(from_file.profile.rate_rel * from_file.profile.window_s)), 1.5)
+    assert workload(str(path), arrival="poisson").profile is None
+
+
+def test_arrival_profile_windows():
+    # 100 arrivals in [0, 10) then 300 in [10, 20): two windows at 0.5x and 1.5x the mean
+    # rate; the second window's arrivals are evenly spaced (cv2 0), the first's Poisson-like.
+    rng = np.random.default_rng(0)
+    t = np.concatenate([np.sort(rng.uniform(0, 10, 100)), 10 + np.arange(300) / 30.0])
+    prof = ArrivalProfile.from_arrivals(t, n_windows=2)
+    np.testing.assert_allclose(np.asarray(prof.rate_rel), [0.5, 1.5], rtol=0.02)  # edges fall on data: +-1 arrival
+    assert float(prof.cv2[1]) < 1e-6 and 0.5 < float(prof.cv2[0]) < 2.0  # a uniform sample's gaps: cv2 ~ 1
+    np.testing.assert_allclose(float(prof.window_s), (t.max() - t.min()) / 2)
 
 
 def test_rate_needs_enough_arrivals(tmp_path):
