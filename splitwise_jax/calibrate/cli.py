@@ -7,6 +7,7 @@ argument (`splitwise_jax._cli`). See docs/calibration.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ import pandas as pd
 from splitwise_jax import _cli
 from splitwise_jax.calibrate.errors import error_table, markdown_tables, summary_table
 from splitwise_jax.calibrate.fit import FitConfig, Fitted, fit, outlier_ids, power_outliers
+from splitwise_jax.calibrate.intervals import coverage_markdown, coverage_table, unseen_gpu_sd
+from splitwise_jax.calibrate.laplace import laplace
 from splitwise_jax.calibrate.report import plot_predicted_vs_measured, report_text
 from splitwise_jax.calibrate.splits import SPLITS, evaluate_split
 from splitwise_jax.catalog import MACHINE_OF_HARDWARE, llm_names
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['prompt_size']}x{r['batch_size']}: {r['reason']}")
 
     fitted, history = fit(medians, config=config, progress=progress, desc="full fit")
+    uncertainty = laplace(fitted, medians, config=config)
     preds = []
     for split in splits:
         try:
@@ -136,7 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['split']}: {r['subset']}": {"prompt": round(float(r["model_prompt_max"]), 2),
                                              "token": round(float(r["model_token_max"]), 2)}
             for _, r in summ.iterrows() if r["subset"] == "all"}
-    fitted = Fitted(fitted.shared, fitted.per_gpu, meta)
+    coverage = None
+    if predictions is not None and "interval_level" in predictions:
+        coverage = coverage_table(predictions)
+        meta["held_out_interval_coverage"] = {f"{r['split']}: {r['phase']}": round(float(r["covered"]), 4)
+                                              for _, r in coverage.iterrows()}
+        uncertainty = dataclasses.replace(uncertainty, unseen_gpu_sd=unseen_gpu_sd(predictions))
+    fitted = Fitted(fitted.shared, fitted.per_gpu, meta, uncertainty)
     out.parent.mkdir(parents=True, exist_ok=True)
     fitted.save(out)
     print(f"wrote parameters to {out} (full-fit loss {history[-1]:.4g}, {meta['fit_seconds']} s)")
@@ -150,12 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(error_table(predictions).set_index(["split", "model", "hardware", "tensor_parallel"])[cols]
               .round(1).to_string())
+        if coverage is not None:
+            print("\nHeld-out coverage of the prediction intervals:")
+            print(coverage.to_string(index=False))
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_predicted_vs_measured(fitted, medians, held_out=predictions).savefig(plot, dpi=120)
     print(f"wrote plot to {plot}")
     if report is not None and predictions is not None:
         report.mkdir(parents=True, exist_ok=True)
-        (report / "README.md").write_text(report_text(fitted, markdown_tables(predictions), flags, power_bad, command))
+        (report / "README.md").write_text(report_text(fitted, markdown_tables(predictions), flags, power_bad, command,
+                                                      None if coverage is None else coverage_markdown(coverage)))
         predictions.to_csv(report / "errors.csv", index=False, float_format="%.6g")
         print(f"wrote {report / 'README.md'} and {report / 'errors.csv'}")
     return 0

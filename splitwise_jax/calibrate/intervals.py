@@ -126,3 +126,27 @@ def coverage_table(predictions: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"split": split, "phase": ph, "level": float(g["interval_level"].iloc[0]),
                              "n": int(ok.sum()), "covered": float(inside.mean())})
     return pd.DataFrame(rows, columns=["split", "phase", "level", "n", "covered"])
+
+
+def coverage_markdown(table: pd.DataFrame) -> str:
+    """The coverage table as markdown (one row per split and phase)."""
+    from splitwise_jax.calibrate.splits import SPLIT_LABELS
+
+    lines = ["| split | phase | level | n | covered |", "|---|---|---:|---:|---:|"]
+    for _, r in table.iterrows():
+        lines.append(f"| {SPLIT_LABELS.get(r['split'], r['split'])} | {r['phase']} | {r['level']:.0%} | {r['n']} | "
+                     f"{r['covered']:.1%} |")
+    return "\n".join(lines)
+
+
+def unseen_gpu_sd(predictions: pd.DataFrame) -> dict:
+    """Log-normal s.d. of the spec-transfer split's held-out errors per phase (the
+    scatter to expect on a GPU without profiles), {} without that split."""
+    g = predictions[predictions["split"] == "spec_transfer"]
+    out = {}
+    for ph in _PHASES:
+        r = np.log(g[f"model_{ph}_time"] / g[f"{ph}_time"]).to_numpy(float)
+        r = r[np.isfinite(r)]
+        if len(r):
+            out[ph] = float(np.sqrt(np.mean(r**2)))
+    return out

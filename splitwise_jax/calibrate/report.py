@@ -56,7 +56,7 @@ def plot_predicted_vs_measured(fitted: Fitted, medians: pd.DataFrame, held_out: 
 
 
 def report_text(fitted: Fitted, summary_md: str, outliers: pd.DataFrame, power_bad: pd.DataFrame,
-                 command: str) -> str:
+                 command: str, coverage_md: str | None = None) -> str:
     pg, frozen = fitted.meta.get("per_gpu_fields", []), fitted.meta.get("frozen_fields", [])
     shared = ", ".join(f"`{f}`" for f in FIELDS if f not in pg and f not in frozen)
     per_gpu = ", ".join(f"`{f}`" for f in pg)
@@ -91,4 +91,14 @@ Average power left out of the fit (times kept):
 ## Held-out error
 
 {summary_md}
-"""
+""" + ("" if coverage_md is None else f"""
+## Prediction intervals: held-out coverage
+
+Each held-out prediction gets a log-normal interval from its training fit: parameter
+uncertainty (Laplace covariance, `calibrate/laplace.py`) plus the fit's residual
+scatter on that hardware (for split (c), the H100 rows run on A100's scatter: no
+spec-transfer scatter was measured inside that fit). Share of measured medians inside
+their interval (docs/uncertainty.md):
+
+{coverage_md}
+""")
