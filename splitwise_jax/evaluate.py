@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--transfer", choices=TRANSFER_MODES, help="KV-cache transfer mode (default: the design's, "
                                                                "serialized for presets)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-uncertainty", action="store_true",
+                    help="leave the 'uncertainty' object (90%% intervals, SLO probabilities; docs/uncertainty.md) out "
+                         "of --json: it costs 2 x 23 extra evaluations per GPU type in the cluster")
     return ap
 
 
@@ -143,12 +146,16 @@ def main(argv=None) -> int:
         wl = load_workload(a.workload, rate_per_s=a.rate)
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model)
         pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
-    m = jax.jit(evaluate)(cluster, wl, a.horizon)
+    ev = jax.jit(evaluate)
+    m = ev(cluster, wl, a.horizon)
     d = metrics_to_dict(m)
     d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
                    "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
     d["pools"] = pools
     if a.json:
+        if not a.no_uncertainty:
+            from splitwise_jax.uncertainty import uncertainty_dict
+            d["uncertainty"] = uncertainty_dict(cluster, wl, m, a.horizon, evaluate_fn=ev)
         print(json.dumps(d))
     else:
         what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)

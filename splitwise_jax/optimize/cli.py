@@ -23,6 +23,8 @@ import numpy as np
 from splitwise_jax import _cli, _design_args, paper
 from splitwise_jax._validate import check_choice
 from splitwise_jax.optimize.compare import compare_designs, headline_ratios, problem_kind
+from splitwise_jax.optimize.confidence import check_confidence
+from splitwise_jax.optimize.pareto import parse_objectives
 from splitwise_jax.optimize.gradient import optimize
 from splitwise_jax.optimize.integer import evaluate_candidate, grid_search
 from splitwise_jax.optimize.problem import FREE_CAPS, OBJECTIVES, Problem, SolverConfig
@@ -120,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--simulate-top", type=_cli.positive_int, metavar="K",
                     help="simulate the K best integer candidates (and cheaper ones the model rejects) request by "
                          "request; report where simulation and model disagree (docs/simulate.md)")
+    ap.add_argument("--confidence", type=float, metavar="P",
+                    help="also find the best design whose nine SLOs all hold with probability >= P, 0 < P < 1, under "
+                         "the model's error bars, and report what it costs over the point answer (docs/uncertainty.md)")
+    ap.add_argument("--pareto", metavar="OBJ,OBJ",
+                    help="the non-dominated designs over two or three of cost, power, throughput, across --designs "
+                         "(default: all), pool sizes and caps (docs/uncertainty.md); --plot draws the fronts")
+    ap.add_argument("--pareto-csv", metavar="PATH", help="with --pareto: write the front as CSV")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
     return ap
@@ -136,8 +145,21 @@ def _check_flags(args) -> None:
         raise ValueError(f"--cap-step must be a fraction of TDP in (0, 1], got {args.cap_step:g}")
     if args.no_prune and not args.verify:
         raise ValueError("--no-prune applies to --verify only; add --verify or drop --no-prune")
-    if args.designs is not None and not args.compare_designs:
-        raise ValueError("--designs lists the designs of --compare-designs; add --compare-designs (or use --design)")
+    if args.designs is not None and not (args.compare_designs or args.pareto):
+        raise ValueError("--designs lists the designs of --compare-designs or --pareto; add one of them "
+                         "(or use --design)")
+    if args.confidence is not None:
+        check_confidence(args.confidence)
+        if args.compare_designs or args.pareto:
+            raise ValueError("--confidence answers one design's problem; it does not combine with --compare-designs "
+                             "or --pareto")
+    if args.pareto is not None:
+        parse_objectives(args.pareto)
+        if args.compare_designs or args.verify or args.simulate_top:
+            raise ValueError("--pareto is its own search; it does not combine with --compare-designs, --verify or "
+                             "--simulate-top")
+    if args.pareto_csv is not None and args.pareto is None:
+        raise ValueError("--pareto-csv writes the front of --pareto; add --pareto OBJ,OBJ")
     if args.compare_designs and args.verify:
         raise ValueError("--verify checks one design's answer; it does not combine with --compare-designs")
     if args.compare_designs and args.simulate_top:
@@ -159,6 +181,8 @@ def main(argv=None) -> int:
         _check_flags(args)
         if args.plot is not None:
             _cli.output_file("--plot", args.plot)
+        if args.pareto_csv is not None:
+            _cli.output_file("--pareto-csv", args.pareto_csv)
         llm = _design_args.model_from_args(args)
         slo = _parse_slo(args.slo) if args.slo else paper.TABLE_VI_SLO
         problem = Problem(args.objective, rate_per_s=args.rate, power_budget_kw=args.power_budget,
@@ -166,18 +190,19 @@ def main(argv=None) -> int:
                           cap_step=args.cap_step, max_machines=args.max_machines)
         config = SolverConfig() if args.steps is None else SolverConfig(steps_per_round=args.steps)
         designs = [args.design]
-        if args.compare_designs:
+        many = args.compare_designs or args.pareto is not None
+        if many:
             designs = [d.strip() for d in args.designs.split(",")] if args.designs else list(DESIGNS)
             for d in designs:
                 check_choice("--designs", d, sorted(DESIGNS))
-            if args.baseline not in designs:
+            if args.compare_designs and args.baseline not in designs:
                 designs.append(args.baseline)
         kw = dict(model=llm, phase_model=args.phase_model, transfer_mode=args.transfer_mode)
         custom = not _design_args.is_preset(args) or args.chunked_prefill is not None
         if custom:  # a design file, pool flags or budgets: one problem per machine / budget choice
-            if args.compare_designs:
-                raise ValueError("--compare-designs compares the named designs; it does not combine with "
-                                 "--design-file, pool flags or --chunked-prefill")
+            if many:
+                raise ValueError("--compare-designs and --pareto compare the named designs; they do not combine "
+                                 "with --design-file, pool flags or --chunked-prefill")
             budgets = _parse_budgets(args.chunked_prefill) if args.chunked_prefill is not None else None
             design = _design_args.design_from_args(args, chunked_prefill=budgets[0] if budgets else None)
             if any(p.count is not None for p in design.pools):
@@ -192,18 +217,18 @@ def main(argv=None) -> int:
             args.design = designs[0]
         else:
             args.design = args.design or "splitwise-hh"
-            designs = designs if args.compare_designs else [args.design]
+            designs = designs if many else [args.design]
             clusters = {d: make_cluster(d, 1.0, 1.0, **kw) for d in designs}
         if args.simulate_top and any(clusters[d].kind == "chunked" for d in designs):
             raise ValueError("--simulate-top simulates SplitwiseSim's policies; chunked-prefill designs are checked "
                              "in studies/chunked_prefill.py")
         for d in designs:  # structural checks before any compilation
-            if not args.compare_designs or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
+            if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
                 free_flags(clusters[d], problem.free_caps)
         wl_full = load_workload(args.workload, args.rate if args.objective != "throughput" else None)
         wl = coarsen(wl_full, args.bins, args.bins) if args.bins else wl_full
         for d in designs:  # budgets that cannot buy a machine per pool, pool bounds
-            if not args.compare_designs or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
+            if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
                 make_spec(clusters[d], wl, problem)
 
     if not args.no_cache:
@@ -239,6 +264,9 @@ def main(argv=None) -> int:
             fig.savefig(args.plot, dpi=120)
         return 0
 
+    if args.pareto is not None:
+        return _run_pareto(args, clusters, designs, wl, problem, config, progress, bins_text, load, t_start, ap)
+
     t0 = time.perf_counter()
     searched = None
     if len(designs) > 1:  # machine types per pool / token budgets: one problem each, the best kept
@@ -256,6 +284,10 @@ def main(argv=None) -> int:
     if args.verify:
         grid = grid_search(cluster, wl, problem, config, incumbent=res.best, prune=not args.no_prune,
                            progress=progress)
+    conf = None
+    if args.confidence is not None:
+        from splitwise_jax.optimize.confidence import confident_answer
+        conf = confident_answer(cluster, wl, problem, res, args.confidence, config, progress=progress)
     sim_check = None
     if args.simulate_top and res.best is not None:
         from splitwise_jax.simulate.candidates import check_optimum
@@ -274,6 +306,9 @@ def main(argv=None) -> int:
             d["variants"] = {k: _result_dict(r, clusters[k].kind == "splitwise", None, None, r.timings_s["gradient"])
                              for k, r in searched.items()}
         d["pools"] = _answer_pools(cluster, res, args.phase_model)
+        if conf is not None:
+            from splitwise_jax.optimize.confidence import confidence_dict
+            d["confidence"] = confidence_dict(conf, cluster.kind == "splitwise")
         print(json.dumps(d, indent=2))
     else:
         if searched is not None:
@@ -287,9 +322,44 @@ def main(argv=None) -> int:
             print(sim_check[0])
         print("\n".join("  " + line for line in _design_args.pool_lines(_answer_pools(cluster, res,
                                                                                     args.phase_model))))
+        if conf is not None:
+            from splitwise_jax.optimize.confidence import confidence_text
+            print(confidence_text(conf, cluster.kind == "splitwise"))
         print(f"  {time.perf_counter() - t_start:.1f} s from process start")
     if args.plot:
         with _cli.input_errors(ap):  # nothing feasible to centre the plane on
             fig = plot_plane(res, cluster, wl, problem, config, grid, progress)
         fig.savefig(args.plot, dpi=120)
+    return 0
+
+
+def _run_pareto(args, clusters, designs, wl, problem, config, progress, bins_text, load, t_start, ap) -> int:
+    """`--pareto`: the front across designs, printed (or JSON), as CSV and as a plot."""
+    from splitwise_jax.optimize.pareto import pareto_front, plot_pareto
+
+    objectives = parse_objectives(args.pareto)
+    res = pareto_front(lambda d: clusters[d], designs, wl, problem, config, objectives, progress=progress)
+    if args.pareto_csv:
+        res.front.to_csv(args.pareto_csv, index=False, float_format="%.6g")
+    if args.json:
+        print(json.dumps({"objectives": list(objectives), "designs": designs, "workload": args.workload,
+                          "front": res.front.to_dict(orient="records"), "candidates": int(len(res.candidates)),
+                          "evaluations": res.evaluations, "wall_s": res.wall_s, "per_design_s": res.per_design_s},
+                         indent=2))
+    else:
+        what = "" if "throughput" in objectives else f" {load}"
+        print(f"{args.workload}: Pareto front of {', '.join(objectives)}{what}, {len(designs)} designs ({bins_text})")
+        if len(res.front):
+            print(res.front.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        else:
+            print("  no feasible design in the searched pools: raise --max-machines or relax --slo")
+        print(f"  {len(res.front)} non-dominated of {len(res.candidates)} candidates; {res.evaluations} evaluations "
+              f"in {res.wall_s:.1f} s ({time.perf_counter() - t_start:.1f} s from process start)")
+        if args.pareto_csv:
+            print(f"  wrote {args.pareto_csv}")
+    if args.plot:
+        with _cli.input_errors(ap):
+            if not len(res.candidates):
+                raise ValueError("--plot: no feasible design to draw")
+            plot_pareto(res).savefig(args.plot, dpi=120)
     return 0

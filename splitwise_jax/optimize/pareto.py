@@ -1,0 +1,264 @@
+"""Pareto fronts across designs, pool sizes and caps (the paper's Figs. 18-19 as fronts).
+
+`optimize` answers one objective; the paper compares designs at single iso-power and
+iso-cost points. `pareto_front` returns every non-dominated design instead:
+
+* without throughput (e.g. ``cost,power``): at the problem's load, each design's
+  *staircase*, the fewest prompt machines that meet every constraint for each token-pool
+  size (and cap), found by a vectorised k-ary search (`search.search_boundary`) that
+  fills each batched evaluation. Feasibility is monotone in the prompt pool, so every
+  other feasible cell is dominated by a staircase cell of the same column. The columns
+  searched are those around the cheapest feasible cell of a coarse probe (8 x 8 log grid).
+* with throughput (e.g. ``cost,throughput``): each cell of a log grid of pool sizes (and
+  caps) at its largest feasible rate (`integer.max_rates`, the optimiser's bisection).
+
+Then the non-dominated set over all designs' candidates (`non_dominated`). Everything
+runs through the optimiser's one compiled batched evaluation (`spec.evaluate_points`).
+
+References:
+    Patel et al., Splitwise, ISCA 2024, §VI-C (Figs. 18-19: iso-power, iso-cost).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from splitwise_jax.cluster import Cluster
+from splitwise_jax.optimize.integer import _box, _cap_values, _spend, max_rates
+from splitwise_jax.optimize.problem import Problem, SolverConfig
+from splitwise_jax.optimize.search import search_boundary
+from splitwise_jax.optimize.spec import CHUNK, RATE_BOUNDS, evaluate_points, is_feasible, make_spec, progress_bar
+from splitwise_jax.workload import Workload
+
+PARETO_OBJECTIVES = ("cost", "power", "throughput")
+#: +1 minimise, -1 maximise; the CSV column each objective reads.
+SENSE = {"cost": 1.0, "power": 1.0, "throughput": -1.0}
+COLUMN = {"cost": "cost_per_hour", "power": "provisioned_power_kw", "throughput": "rate_per_s"}
+_PROBE = 8  # points per axis of the coarse probe and of the throughput grid
+
+
+def parse_objectives(text: str) -> tuple[str, ...]:
+    """'cost,power' -> ('cost', 'power'); ValueError naming the bad entry otherwise."""
+    names = [t.strip().lower() for t in str(text).split(",") if t.strip()]
+    for n in names:
+        if n not in PARETO_OBJECTIVES:
+            raise ValueError(f"--pareto: unknown objective {n!r}; accepted: {', '.join(PARETO_OBJECTIVES)} "
+                             "(two or three, comma-separated, e.g. cost,power)")
+    if len(set(names)) != len(names) or not 2 <= len(names) <= 3:
+        raise ValueError(f"--pareto needs two or three different objectives of {', '.join(PARETO_OBJECTIVES)}, "
+                         f"got {text!r}")
+    return tuple(names)
+
+
+def non_dominated(values: np.ndarray, senses) -> np.ndarray:
+    """Mask of the rows of values (N, m) that no other row dominates.
+
+    Row a dominates b when a is at least as good in every column and better in one
+    (good = small for sense +1, large for -1). Duplicates keep their first copy.
+    """
+    v = np.asarray(values, float) * np.asarray(senses, float)[None, :]
+    n = len(v)
+    keep = np.ones(n, bool)
+    for i in range(n):
+        if not keep[i]:
+            continue
+        le = np.all(v <= v[i], axis=1)
+        lt = np.any(v < v[i], axis=1)
+        if np.any(le & lt):
+            keep[i] = False
+            continue
+        dup = np.all(v == v[i], axis=1)
+        dup[: i + 1] = False
+        keep &= ~dup
+    return keep
+
+
+class ParetoResult(NamedTuple):
+    """Outcome of `pareto_front`.
+
+    Attributes:
+        objectives: the objectives, e.g. ("cost", "power").
+        front: the non-dominated designs (DataFrame: design, prompt_machines,
+            token_machines, prompt_cap_frac, token_cap_frac, rate_per_s, cost_per_hour,
+            provisioned_power_kw), sorted by the first objective.
+        candidates: every feasible candidate considered (same columns plus `on_front`).
+        evaluations: configurations evaluated, all designs together.
+        wall_s: wall time; per_design_s: per design.
+    """
+
+    objectives: tuple
+    front: pd.DataFrame
+    candidates: pd.DataFrame
+    evaluations: int
+    wall_s: float
+    per_design_s: dict
+
+
+def _feasible_cells(spec, info, cells, rate, config):
+    phys = np.concatenate([cells, np.full((len(cells), 1), rate)], axis=1)
+    g, _, _ = evaluate_points(spec, phys, config.resolution)
+    return is_feasible(g)
+
+
+def _staircase(cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig, first: str):
+    """Minimal feasible prompt pools per (token pool, caps) at the problem's load."""
+    spec, info = make_spec(cluster, workload, problem)
+    caps_p, caps_t = _cap_values(info, info.free_p, 0), _cap_values(info, info.free_t, 1)
+    n_evals = 0
+    # Coarse probe at the highest caps: where the cheapest feasible cells lie.
+    ps = np.unique(np.round(np.geomspace(1, info.hi_p, _PROBE)))
+    ts = np.unique(np.round(np.geomspace(1, info.hi_t, _PROBE))) if info.splitwise else np.array([0.0])
+    probe = _box(ps, ts, [caps_p[-1]], [caps_t[-1]])
+    ok = _feasible_cells(spec, info, probe, info.rate, config)
+    n_evals += len(probe)
+    if not ok.any():
+        return np.empty((0, 4)), n_evals
+    if info.splitwise:
+        cost, power = _spend(cluster, probe)
+        spend = cost if first == "cost" else power
+        cheap = ok & (spend <= 1.5 * spend[ok].min())
+        t_hi = int(min(info.hi_t, math.ceil(1.5 * probe[cheap, 1].max()) + 2))
+        t_cols = np.arange(1, t_hi + 1, dtype=float)
+    else:
+        t_cols = np.array([0.0])
+    problems = np.array([(t, cp, ct) for t in t_cols for cp in caps_p for ct in caps_t], float)
+    m = len(problems)
+    points = max(1, CHUNK // m)
+
+    def n_prompt(log_x):
+        return np.clip(np.ceil(np.exp(log_x) - 1e-9), 1, info.hi_p)
+
+    def ok_fn(rows, log_x):
+        nonlocal n_evals
+        k = log_x.shape[1]
+        cells = np.column_stack([n_prompt(log_x).reshape(-1), np.repeat(problems[rows, 0], k),
+                                 np.repeat(problems[rows, 1], k), np.repeat(problems[rows, 2], k)])
+        n_evals += len(cells)
+        return _feasible_cells(spec, info, cells, info.rate, config).reshape(len(rows), k)
+
+    # Integer resolution: a bracket narrower than log(1 + 1/hi_p) holds one integer.
+    b = search_boundary(ok_fn, np.zeros(m), np.full(m, math.log(info.hi_p)), increasing=True,
+                        rel_tol=0.5 * math.log1p(1.0 / info.hi_p), points=points)
+    found = b.ok_hi & np.isfinite(b.value)
+    stairs = np.column_stack([n_prompt(np.log(np.where(found, b.value, 1.0))), problems[:, 0], problems[:, 1],
+                              problems[:, 2]])[found]
+    return stairs, n_evals + b.evaluations
+
+
+def _rate_grid(cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig):
+    """A log grid of pool sizes (x caps), each at its largest feasible rate."""
+    spec, info = make_spec(cluster, workload, problem)
+    caps_p, caps_t = _cap_values(info, info.free_p, 0), _cap_values(info, info.free_t, 1)
+    ps = np.unique(np.round(np.geomspace(1, info.hi_p, _PROBE)))
+    ts = np.unique(np.round(np.geomspace(1, info.hi_t, _PROBE))) if info.splitwise else np.array([0.0])
+    cells = _box(ps, ts, caps_p, caps_t)
+    rates, _, _, _, n = max_rates(spec, cells, RATE_BOUNDS[0], 64.0, 0.01, config.resolution)
+    ok = np.isfinite(rates)
+    return cells[ok], rates[ok], n
+
+
+def pareto_front(make: Callable[[str], Cluster], designs, workload: Workload, problem: Problem,
+                 objectives=("cost", "power"), config: SolverConfig = SolverConfig(), *,
+                 progress: bool = False) -> ParetoResult:
+    """The non-dominated designs across design families, pool sizes and caps.
+
+    Args:
+        make: design name -> Cluster (e.g. `lambda d: make_cluster(d, 1, 1)`).
+        designs: design names.
+        workload: request classes; its rate (or `problem.rate_per_s`) is the load of
+            fronts without throughput.
+        problem: SLOs, free caps, cap step, largest pools (its objective is ignored; a
+            baseline's token cap is never free).
+        objectives: two or three of "cost", "power" (provisioned kW), "throughput".
+        config: solver settings (resolution).
+        progress: a tqdm bar over designs.
+
+    Returns:
+        `ParetoResult`.
+
+    Raises:
+        ValueError: unknown or repeated objectives.
+
+    Example:
+        >>> res = pareto_front(lambda d: make_cluster(d, 1, 1), ["splitwise-hh", "splitwise-ha"],
+        ...                    coarsen(workload("coding", 70.0), 16, 16), Problem("cost"))  # doctest: +SKIP
+        >>> res.front[["design", "cost_per_hour", "provisioned_power_kw"]]  # doctest: +SKIP
+    """
+    import dataclasses
+
+    objectives = parse_objectives(",".join(objectives))
+    t0 = time.perf_counter()
+    rows, per_design, n_evals = [], {}, 0
+    throughput = "throughput" in objectives
+    base = dataclasses.replace(problem, objective="cost", power_budget_kw=None, cost_budget_per_h=None) \
+        if problem.objective == "throughput" else problem
+    with progress_bar(progress, total=len(designs), desc="pareto", unit="design") as bar:
+        for d in designs:
+            t1 = time.perf_counter()
+            cluster = make(d)
+            p = base
+            if cluster.kind == "baseline" and p.free_caps in ("token", "both"):
+                p = dataclasses.replace(p, free_caps="prompt" if p.free_caps == "both" else "none")
+            if throughput:
+                cells, rates, n = _rate_grid(cluster, workload, p, config)
+            else:
+                first = objectives[0] if objectives[0] in ("cost", "power") else "cost"
+                cells, n = _staircase(cluster, workload, p, config, first)
+                _, info = make_spec(cluster, workload, p)
+                rates = np.full(len(cells), info.rate)
+            n_evals += n
+            cost, power = _spend(cluster, cells) if len(cells) else (np.empty(0), np.empty(0))
+            for i in range(len(cells)):
+                rows.append({"design": d, "prompt_machines": int(cells[i, 0]), "token_machines": int(cells[i, 1]),
+                             "prompt_cap_frac": float(cells[i, 2]), "token_cap_frac": float(cells[i, 3]),
+                             "rate_per_s": float(rates[i]), "cost_per_hour": float(cost[i]),
+                             "provisioned_power_kw": float(power[i])})
+            per_design[d] = time.perf_counter() - t1
+            bar.update(1)
+    cols = ["design", "prompt_machines", "token_machines", "prompt_cap_frac", "token_cap_frac", "rate_per_s",
+            "cost_per_hour", "provisioned_power_kw"]
+    cand = pd.DataFrame(rows, columns=cols)
+    if len(cand):
+        mask = non_dominated(cand[[COLUMN[o] for o in objectives]].to_numpy(), [SENSE[o] for o in objectives])
+    else:
+        mask = np.zeros(0, bool)
+    cand["on_front"] = mask
+    front = cand[mask].drop(columns="on_front").sort_values(
+        [COLUMN[o] for o in objectives], ascending=[SENSE[o] > 0 for o in objectives]).reset_index(drop=True)
+    return ParetoResult(objectives, front, cand, n_evals, time.perf_counter() - t0, per_design)
+
+
+def plot_pareto(res: ParetoResult):
+    """Each pair of objectives: every candidate (faint) and the front (joined), by design.
+
+    Returns:
+        A `matplotlib.figure.Figure` (not attached to pyplot).
+    """
+    from matplotlib.figure import Figure
+
+    pairs = [(a, b) for i, a in enumerate(res.objectives) for b in res.objectives[i + 1:]]
+    fig = Figure(figsize=(5.5 * len(pairs), 4.5))
+    axes = np.atleast_1d(fig.subplots(1, len(pairs)))
+    label = {"cost": "cost ($/h)", "power": "provisioned power (kW)", "throughput": "throughput (req/s)"}
+    designs = list(dict.fromkeys(res.candidates["design"]))
+    colours = {d: f"C{i}" for i, d in enumerate(designs)}
+    for ax, (a, b) in zip(axes, pairs):
+        for d in designs:
+            c = res.candidates[res.candidates["design"] == d]
+            ax.scatter(c[COLUMN[a]], c[COLUMN[b]], s=10, alpha=0.25, color=colours[d])
+            f = c[c["on_front"]]
+            ax.scatter(f[COLUMN[a]], f[COLUMN[b]], s=40, color=colours[d], edgecolors="k", label=d)
+        # The 2-D front of this pair (the full front may hold more points in 3-D).
+        sub = res.candidates
+        m = non_dominated(sub[[COLUMN[a], COLUMN[b]]].to_numpy(), [SENSE[a], SENSE[b]])
+        f2 = sub[m].sort_values(COLUMN[a])
+        ax.step(f2[COLUMN[a]], f2[COLUMN[b]], where="post", color="k", lw=1)
+        ax.set(xlabel=label[a], ylabel=label[b], title=f"Pareto front: {a} vs {b}")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
