@@ -179,6 +179,7 @@ class PromptRoute(NamedTuple):
     state: PoolState
     wait: WaitModel
     weight: jax.Array     # (K,) share of each prompt class taking this route
+    backlog_s: jax.Array | float = 0.0  # queue left by earlier windows of a trace (s)
 
 
 class DecodeRoute(NamedTuple):
@@ -415,7 +416,7 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution):
     blocks = {"ttft": [], "tbt": [], "e2e": []}
     tables, weights = [], []
     for pr in flows.prompt_routes:
-        s_k = (pr.state.residual_s + pr.state.prompt_s)[None, :, None]
+        s_k = (pr.backlog_s + pr.state.residual_s + pr.state.prompt_s)[None, :, None]
         table = busy_table(pr.wait, res)
         for dr in flows.decode_routes:
             st = dr.state
@@ -447,18 +448,44 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution):
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *flat)
 
 
+# Quadrature points over a window for the mean backlog its arrivals find, and the
+# temperature (s) of the smooth max(backlog, 0) (a few ms: below one prompt's service).
+_BACKLOG_POINTS = 8
+_BACKLOG_TEMPERATURE_S = 0.005
+
+
 def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolution):
     """`_components` for every window of an arrival profile, merged into one mixture:
     each window's routes become routes of the whole, weighted by its share of arrivals.
-    Windows start empty (no backlog carried over; a burst's queue drains inside its
-    window, which the finite-window wait law lets grow linearly in overload)."""
+
+    Queues carry over between windows as a fluid: the prompt pool's per-machine backlog
+    U (s of work) grows at rho_w - 1 through window w and never falls below zero; the
+    arrivals of a window find its mean, which is added to their prompt wait, and a
+    window that drains a backlog runs its prompt pool at the load it serves
+    (rho_w + (U_w - U_{w+1}) / window), so the decodes sharing those machines see it.
+    """
     share = prof.rate_rel / jnp.sum(prof.rate_rel)
+    dt = prof.window_s
+    first = jax.vmap(lambda rel, cv2: flows_at(lam * rel, cv2, dt).st_p.rho_prompt)(prof.rate_rel, prof.cv2)
+    u = dt * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
 
-    def one(rel, cv2, w):
-        shift, sd, weights, scale, tabs = _components(cluster, cls, flows_at(lam * rel, cv2, prof.window_s), res)
-        return shift, sd, weights * w, scale, tabs
+    def step(backlog, rho):
+        ramp = softplus(backlog + (rho - 1.0) * u, _BACKLOG_TEMPERATURE_S)
+        end = softplus(backlog + (rho - 1.0) * dt, _BACKLOG_TEMPERATURE_S)
+        served = rho + (backlog - end) / dt
+        return end, (jnp.mean(ramp), served)
 
-    per_window = jax.vmap(one)(prof.rate_rel, prof.cv2, share)
+    _, (mean_backlog, served) = jax.lax.scan(step, jnp.asarray(0.0), first)
+    scale = served / jnp.maximum(first, 1e-9)
+
+    def one(rel, cv2, w, backlog, sc):
+        flows = flows_at(lam * rel * sc, cv2, dt)
+        first_route = flows.prompt_routes[0]._replace(backlog_s=backlog)
+        flows = flows._replace(prompt_routes=(first_route,) + tuple(flows.prompt_routes[1:]))
+        shift, sd, weights, scale_, tabs = _components(cluster, cls, flows, res)
+        return shift, sd, weights * w, scale_, tabs
+
+    per_window = jax.vmap(one)(prof.rate_rel, prof.cv2, share, mean_backlog, scale)
 
     def merge(a):  # (W, 6, R, ...) -> (6, W R, ...)
         a = jnp.moveaxis(a, 0, 1)
