@@ -338,7 +338,7 @@ def _run_pareto(args, clusters, designs, wl, problem, config, progress, bins_tex
     from splitwise_jax.optimize.pareto import pareto_front, plot_pareto
 
     objectives = parse_objectives(args.pareto)
-    res = pareto_front(lambda d: clusters[d], designs, wl, problem, config, objectives, progress=progress)
+    res = pareto_front(lambda d: clusters[d], designs, wl, problem, objectives, config, progress=progress)
     if args.pareto_csv:
         res.front.to_csv(args.pareto_csv, index=False, float_format="%.6g")
     if args.json:
