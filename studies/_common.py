@@ -1,13 +1,17 @@
 """Shared plumbing of the paper-reproduction studies (GitHub issue 6).
 
-Every study script is the outer edge of the package (STYLE.md): it parses arguments,
+Every study script is the outer edge of the package (a script: argparse, printing and
+files live here, never in the library): it parses arguments,
 runs sweeps through the helpers below, prints a "paper vs ours" table and writes a PNG
 and a CSV into ``studies/out/<study>/`` (``--out`` overrides).
 
 Smoke mode (``SPLITWISE_SMOKE=1`` in the environment, as jax-md's examples use
 ``SMOKE_TEST``) makes every study small enough for CI: workloads coarsened to 8 x 8
 request classes, a lower numerical `Resolution`, and few grid points. Numbers printed in
-smoke mode are labelled as such; only full runs go into studies/README.md.
+smoke mode are labelled as such; only full runs go into studies/README.md. Smoke and
+full runs take the same code path: sizing is always `splitwise_jax.optimize` (there is
+no second solver here), and the highest rate meeting the SLOs is always the package's
+`splitwise_jax.optimize.search_boundary`. A failure of either fails the study.
 
 Speed. `evaluate` compiles in ~10 s per program, then costs a few ms per point, so the
 helpers here funnel everything through a handful of programs:
@@ -48,6 +52,8 @@ import pandas as pd  # noqa: E402
 
 from splitwise_jax.cluster import Cluster, Resolution, evaluate  # noqa: E402
 from splitwise_jax.designs import DESIGNS, make_cluster, uniform_names  # noqa: E402
+from splitwise_jax.optimize import (OptimizeResult, Problem, SolverConfig, optimize, reference_budget,  # noqa: E402
+                                    search_boundary)
 from splitwise_jax.workload import Workload, coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
@@ -320,86 +326,46 @@ def _ok(df: pd.DataFrame, criterion: str) -> np.ndarray:
     return (df["throughput_rps"] >= KEEP_UP * df["rate"]).to_numpy()
 
 
-def search_boundary(ok_fn, lo: np.ndarray, hi: np.ndarray, *, increasing: bool, rel_tol: float | None = None):
-    """Vectorised k-ary search for the boundary of a monotone predicate, in log space.
-
-    Args:
-        ok_fn: maps an (n, k) array of log-values to an (n, k) bool array; for each row it
-            is monotone: True below the boundary and False above (``increasing=False``,
-            e.g. "meets the SLOs at this rate"), or the reverse (``increasing=True``,
-            e.g. "meets the SLOs with this many machines").
-        lo, hi: (n,) log-bounds of the search.
-        rel_tol: relative resolution of the answer (default 0.5% smoke, 0.05% full).
-
-    Returns:
-        (n,) the boundary in linear units: the largest True value (decreasing) or the
-        smallest True value (increasing); 0 / inf where the predicate holds nowhere in
-        [lo, hi], and the bound itself where it holds everywhere.
-
-    Each step evaluates k points per row in one `sweep` call (k = SMALL_CHUNK // n for few
-    rows, so a single configuration costs ~4 calls instead of ~12 bisection steps).
-    """
-    rel_tol = (5e-3 if SMOKE else 5e-4) if rel_tol is None else rel_tol
-    lo, hi = np.asarray(lo, float).copy(), np.asarray(hi, float).copy()
-    lo0, hi0 = lo.copy(), hi.copy()
-    n = lo.size
-    ends = ok_fn(np.stack([lo, hi], axis=1))
-    ok_lo, ok_hi = ends[:, 0], ends[:, 1]
-    k = max(1, SMALL_CHUNK // n) if n <= SMALL_CHUNK else 1
-    frac = np.arange(1, k + 1) / (k + 1)
-    while np.any(hi - lo > rel_tol):
-        x = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
-        ok = ok_fn(x)
-        if increasing:  # True from the boundary up: smallest True point
-            any_ok = ok.any(axis=1)
-            first = np.argmax(ok, axis=1)
-            new_hi = np.where(any_ok, x[np.arange(n), first], hi)
-            new_lo = np.where(any_ok, np.where(first > 0, x[np.arange(n), first - 1], lo), x[:, -1])
-        else:  # True up to the boundary: largest True point
-            any_bad = (~ok).any(axis=1)
-            first_bad = np.argmax(~ok, axis=1)
-            new_lo = np.where(any_bad, np.where(first_bad > 0, x[np.arange(n), first_bad - 1], lo), x[:, -1])
-            new_hi = np.where(any_bad, x[np.arange(n), first_bad], hi)
-        lo, hi = new_lo, new_hi
-    if increasing:
-        return np.where(~ok_hi, np.inf, np.where(ok_lo, np.exp(lo0), np.exp(hi)))
-    return np.where(~ok_lo, 0.0, np.where(ok_hi, np.exp(hi0), np.exp(lo)))
+def search_points(n: int) -> int:
+    """Values asked per problem and step of `search_boundary` for n problems: enough to
+    fill one small sweep chunk (a single configuration then costs ~4 sweep calls
+    instead of ~12 bisection steps)."""
+    return max(1, SMALL_CHUNK // n) if n <= SMALL_CHUNK else 1
 
 
-#: Share of the offered rate a cluster must serve to count as keeping up (`capacity`).
-KEEP_UP = 0.98
-
-
-def _ok(df: pd.DataFrame, criterion: str) -> np.ndarray:
-    if criterion == "slo":
-        return df["meets_slo"].to_numpy()
-    return (df["throughput_rps"] >= KEEP_UP * df["rate"]).to_numpy()
+def search_tol() -> float:
+    """Relative resolution of the studies' boundary searches (0.5% smoke, 0.05% full)."""
+    return 5e-3 if SMOKE else 5e-4
 
 
 def throughput_at_slo(c: Cluster, wl: Workload, n_prompt, n_token=0.0, *, kv_bandwidth=None, r_lo: float = 1.0,
                       r_hi: float = 400.0, criterion: str = "slo") -> np.ndarray:
     """The highest arrival rate at which each configuration meets every SLO (req/s).
 
-    `search_boundary` in log rate (feasibility is taken as monotone in the rate). Returns
-    0 where even `r_lo` fails and `r_hi` where `r_hi` still meets.
+    The package's `search_boundary` in log rate (feasibility is taken as monotone in the
+    rate, as the optimiser takes it). Returns 0 where even `r_lo` fails and `r_hi` where
+    `r_hi` still meets.
 
     Args:
         criterion: "slo" (all nine Table VI limits hold) or "capacity" (the cluster
             serves at least `KEEP_UP` of the offered rate: no SLO, batch jobs).
     """
+    if criterion not in ("slo", "capacity"):
+        raise ValueError(f"criterion must be 'slo' or 'capacity', got {criterion!r}")
     bw0 = c.transfer.bandwidth_bytes_per_s if kv_bandwidth is None else kv_bandwidth
     n_p, n_t, bw = np.broadcast_arrays(*(np.asarray(x, float) for x in (n_prompt, n_token, bw0)))
     shape = n_p.shape
     n_p, n_t, bw = n_p.ravel(), n_t.ravel(), bw.ravel()
 
-    def ok(log_r):
+    def ok(rows, log_r):
         k = log_r.shape[1]
-        df = sweep(c, wl, n_prompt=np.repeat(n_p, k), n_token=np.repeat(n_t, k), rate=np.exp(log_r).ravel(),
-                   kv_bandwidth=np.repeat(bw, k))
+        df = sweep(c, wl, n_prompt=np.repeat(n_p[rows], k), n_token=np.repeat(n_t[rows], k),
+                   rate=np.exp(log_r).ravel(), kv_bandwidth=np.repeat(bw[rows], k))
         return _ok(df, criterion).reshape(log_r.shape)
 
-    r = search_boundary(ok, np.full(n_p.size, np.log(r_lo)), np.full(n_p.size, np.log(r_hi)), increasing=False)
-    return r.reshape(shape)
+    found = search_boundary(ok, np.full(n_p.size, np.log(r_lo)), np.full(n_p.size, np.log(r_hi)),
+                            rel_tol=search_tol(), points=search_points(n_p.size))
+    return found.value.reshape(shape)
 
 
 # --------------------------------------------------------------------------------------
@@ -496,82 +462,15 @@ def implicit_sensitivities(jac: np.ndarray) -> dict[str, np.ndarray]:
 # Sizing
 
 
-def cheapest_meeting_slo(c: Cluster, wl: Workload, design: str, n_prompt_grid, n_token_grid=(0.0,), *,
-                         kv_bandwidth=None, objective: str = "cost_per_hour") -> tuple[pd.Series | None, pd.DataFrame]:
-    """Grid search for the configuration minimising `objective` among those meeting every SLO.
-
-    Returns (the best row or None, the whole grid).
-    """
-    if is_baseline(design):
-        n_token_grid = (0.0,)
-    P, T = np.meshgrid(np.asarray(n_prompt_grid, float), np.asarray(n_token_grid, float), indexing="ij")
-    df = sweep(c, wl, n_prompt=P.ravel(), n_token=T.ravel(), kv_bandwidth=kv_bandwidth)
-    ok = df[df["meets_slo"]]
-    if ok.empty:
-        return None, df
-    return ok.sort_values([objective, "n_prompt"]).iloc[0], df
-
-
-def budget_line(design: str, budget: float, per: str = "power", n_max: int = 200) -> np.ndarray:
-    """Integer (n_prompt, n_token) splits that use as much of a budget as they can.
-
-    For every prompt-pool size, the most token machines that still fit under the power
-    (provisioned kW) or cost ($/h) budget; a baseline gets its largest machine count.
-    """
-    unit_p, unit_t = machine_power_kw(design) if per == "power" else machine_cost(design)
-    if is_baseline(design):
-        return np.array([[np.floor(budget / unit_p + 1e-9), 0.0]])
-    rows = []
-    for n_p in range(1, n_max):
-        n_t = np.floor((budget - n_p * unit_p) / unit_t + 1e-9)
-        if n_t < 1:
-            break
-        rows.append((n_p, n_t))
-    return np.asarray(rows, float)
-
-
-def best_on_budget(design: str, wl: Workload, budget: float, per: str = "power", *, c: Cluster | None = None,
-                   stride: int | None = None, r_hi: float = 400.0) -> tuple[pd.Series, pd.DataFrame]:
-    """The split on a budget line with the highest throughput at SLO (throughput-optimised).
-
-    Args:
-        stride: evaluate every stride-th split first, then refine around the best.
-
-    Returns:
-        (the best split's row, every split evaluated) with columns n_prompt, n_token,
-        throughput_at_slo, cost_per_hour, provisioned_power_kw.
-    """
-    c = cluster(design) if c is None else c
-    line = budget_line(design, budget, per)
-    stride = (4 if SMOKE else 2) if stride is None else stride
-    first = line[::stride] if len(line) > stride else line
-    thr = throughput_at_slo(c, wl, first[:, 0], first[:, 1], r_hi=r_hi)
-    seen = {tuple(x): t for x, t in zip(first, thr)}
-    i = int(np.argmax(thr))
-    near = [tuple(x) for x in line if abs(x[0] - first[i, 0]) < stride and tuple(x) not in seen]
-    if near and not SMOKE:
-        nr = np.asarray(near)
-        for x, t in zip(near, throughput_at_slo(c, wl, nr[:, 0], nr[:, 1], r_hi=r_hi)):
-            seen[x] = t
-    pts = np.asarray(sorted(seen))
-    thr = np.asarray([seen[tuple(x)] for x in pts])
-    up, ut = machine_cost(design)
-    pp, pt = machine_power_kw(design)
-    df = pd.DataFrame({"design": design, "n_prompt": pts[:, 0], "n_token": pts[:, 1], "throughput_at_slo": thr,
-                       "cost_per_hour": pts[:, 0] * up + pts[:, 1] * ut,
-                       "provisioned_power_kw": pts[:, 0] * pp + pts[:, 1] * pt})
-    best = df.sort_values(["throughput_at_slo", "cost_per_hour"], ascending=[False, True]).iloc[0]
-    return best, df
-
-
 def iso_power_budget_kw() -> float:
-    """The paper's iso-power budget: 40 DGX-H100 (~ 70 DGX-A100), provisioned kW."""
-    return 40 * machine_power_kw("baseline-h100")[0]
+    """The paper's iso-power budget: 40 DGX-H100 (~ 70 DGX-A100), provisioned kW
+    (`optimize.reference_budget`, from `paper.ISO_REFERENCE_MACHINES`)."""
+    return reference_budget()[0]
 
 
 def iso_cost_budget() -> float:
-    """Iso-cost budget: the cost of 40 DGX-H100 ($/h)."""
-    return 40 * machine_cost("baseline-h100")[0]
+    """Iso-cost budget: the cost of 40 DGX-H100 ($/h) (`optimize.reference_budget`)."""
+    return reference_budget()[1]
 
 
 # Smoke runs skip the sizing search (it costs more than the smoke budget): these are the
@@ -589,13 +488,24 @@ _SMOKE_ISO_POWER = {
 _SIZING: dict = {}
 
 
-def solver_config():
-    """`optimize.SolverConfig` for the studies (a short one in smoke mode)."""
-    from splitwise_jax.optimize import SolverConfig
-
+def solver_config() -> SolverConfig:
+    """`optimize.SolverConfig` for the studies: the package's defaults at the studies'
+    `Resolution`. Smoke runs also search rates to 0.5% (`search_tol`) instead of 0.05%
+    (three bisection steps fewer per throughput candidate); they keep the default
+    gradient steps: 2 rounds of 10 left Splitwise throughput problems 18% over their
+    power budget and the integer repair with no feasible cell."""
     if SMOKE:
-        return SolverConfig(rounds=2, steps_per_round=10, resolution=RESOLUTION)
+        return SolverConfig(resolution=RESOLUTION, rate_tol=search_tol())
     return SolverConfig(resolution=RESOLUTION)
+
+
+def solve(design: str, wl: Workload, problem: Problem, model: str = "bloom-176b") -> OptimizeResult:
+    """`splitwise_jax.optimize.optimize` on one design (pool sizes are the optimiser's).
+
+    Raises whatever the optimiser raises: a failure fails the study.
+    """
+    c = make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model)
+    return optimize(c, wl, problem, solver_config())
 
 
 SIZING_CACHE = STUDIES_DIR / "out" / "iso_power_sizing.csv"
@@ -623,9 +533,9 @@ def _read_sizing_cache(fp: str) -> dict:
         return {}
     try:
         df = pd.read_csv(SIZING_CACHE)
-    except Exception:  # noqa: BLE001 - a damaged cache is just recomputed
-        return {}
-    df = df[df["fingerprint"] == fp]
+        df = df[df["fingerprint"] == fp]
+    except (OSError, ValueError, KeyError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return {}  # a damaged or old-format cache is just recomputed
     return {(r.design, r.workload, r.model, round(float(r.budget_kw), 3)): (float(r.n_prompt), float(r.n_token))
             for r in df.itertuples()}
 
@@ -641,11 +551,14 @@ def iso_power_pools(design: str, wl_name: str, model: str = "bloom-176b", *, sea
     """(n_prompt, n_token) of a design's iso-power, throughput-optimised cluster.
 
     The paper's iso-power budget (40 DGX-H100); the split that maximises the rate at
-    which every SLO holds, from `splitwise_jax.optimize` (throughput problem), or from
-    `best_on_budget` when the optimiser is unavailable. Full runs cache the answer in
-    ``studies/out/iso_power_sizing.csv``, keyed by `model_fingerprint`, so Figs. 16, 17,
-    20 and the bandwidth study size each design once. In smoke mode (unless `search`) a
-    stored split (`_SMOKE_ISO_POWER`) stands in for the search.
+    which every SLO holds, from `splitwise_jax.optimize` (throughput problem). Full runs
+    cache the answer in ``studies/out/iso_power_sizing.csv``, keyed by
+    `model_fingerprint`, so Figs. 16, 17, 20 and the bandwidth study size each design
+    once. In smoke mode (unless `search`) a stored split (`_SMOKE_ISO_POWER`) stands in
+    for the search.
+
+    Raises:
+        RuntimeError: the optimiser found no feasible cluster on the budget.
     """
     search = (not SMOKE) if search is None else search
     if not search and (wl_name, design) in _SMOKE_ISO_POWER:
@@ -654,42 +567,19 @@ def iso_power_pools(design: str, wl_name: str, model: str = "bloom-176b", *, sea
     key = (design, wl_name, model, budget)
     if key in _SIZING:
         return _SIZING[key]
-    if "fingerprint" not in _SIZING:
+    if not SMOKE and "fingerprint" not in _SIZING:
         _SIZING["fingerprint"] = model_fingerprint()
         _SIZING.update(_read_sizing_cache(_SIZING["fingerprint"]))
         if key in _SIZING:
             return _SIZING[key]
-    wl = study_workload(wl_name)
-    opt = optimizer()
     t0 = time.perf_counter()
-    if opt is not None:
-        res = opt.optimize(make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model), wl,
-                           opt.Problem("throughput", power_budget_kw=budget), solver_config())
-        if res.best is None:
-            raise RuntimeError(f"optimize found no feasible iso-power cluster for {design} on {wl_name}")
-        pools, method = (float(res.best.prompt_machines), float(res.best.token_machines)), "optimize"
-    else:
-        best, _ = best_on_budget(design, wl, budget, "power", c=cluster(design, model=model))
-        pools, method = (float(best["n_prompt"]), float(best["n_token"])), "grid"
+    res = solve(design, study_workload(wl_name), Problem("throughput", power_budget_kw=budget), model=model)
+    if res.best is None:
+        raise RuntimeError(f"optimize found no feasible iso-power cluster for {design} on {wl_name}")
+    pools = (float(res.best.prompt_machines), float(res.best.token_machines))
     _SIZING[key] = pools
     if not SMOKE:
-        _write_sizing_cache(_SIZING["fingerprint"], key, pools, method)
+        _write_sizing_cache(_SIZING["fingerprint"], key, pools, "optimize")
     print(f"sized {design} for {wl_name} ({model}): {pools[0]:g} prompt + {pools[1]:g} token machines "
-          f"(iso-power, throughput-optimised, {method}, {time.perf_counter() - t0:.0f} s)", flush=True)
+          f"(iso-power, throughput-optimised, optimize, {time.perf_counter() - t0:.0f} s)", flush=True)
     return pools
-
-
-_OPTIMIZER_NOTE: list = []
-
-
-def optimizer():
-    """`splitwise_jax.optimize` if it is present and importable, else None (said once)."""
-    try:
-        from splitwise_jax import optimize
-    except Exception as err:  # noqa: BLE001 - any failure means: fall back to our grid
-        if not _OPTIMIZER_NOTE:
-            _OPTIMIZER_NOTE.append(err)
-            print(f"note: splitwise_jax.optimize unavailable ({type(err).__name__}: {err}); "
-                  "using the studies' grid search instead")
-        return None
-    return optimize

@@ -48,6 +48,8 @@ import pandas as pd
 
 import _common as C
 
+from splitwise_jax.optimize import search_boundary
+
 STUDY = "bandwidth_sensitivity"
 TARGET_RATE = 70.0  # req/s: cost at target load (the paper's Fig. 12 load)
 LOAD_FRAC = 0.8  # latency percentiles at this fraction of the IB throughput at SLO
@@ -69,16 +71,16 @@ def min_machines(c, wl, design, share, bw):
     share, bw = share.ravel(), bw.ravel()
     base = C.is_baseline(design)
 
-    def ok(log_n):
+    def ok(rows, log_n):
         k = log_n.shape[1]
         n = np.exp(log_n).ravel()
-        s = np.repeat(share, k)
+        s = np.repeat(share[rows], k)
         n_p, n_t = (n, 0.0 * n) if base else (n * s, n * (1.0 - s))
-        return C.sweep(c, wl, n_prompt=n_p, n_token=n_t, kv_bandwidth=np.repeat(bw, k))["meets_slo"].to_numpy().reshape(
-            log_n.shape)
+        df = C.sweep(c, wl, n_prompt=n_p, n_token=n_t, kv_bandwidth=np.repeat(bw[rows], k))
+        return df["meets_slo"].to_numpy().reshape(log_n.shape)
 
-    return C.search_boundary(ok, np.full(share.size, np.log(N_BOUNDS[0])), np.full(share.size, np.log(N_BOUNDS[1])),
-                             increasing=True)
+    return search_boundary(ok, np.full(share.size, np.log(N_BOUNDS[0])), np.full(share.size, np.log(N_BOUNDS[1])),
+                           increasing=True, rel_tol=C.search_tol(), points=C.search_points(share.size)).value
 
 
 def cost_at_target(design, mode, wl, bws):
@@ -227,14 +229,15 @@ def min_bandwidth_gbps(c, wl, n_prompt, n_token, rate) -> np.ndarray:
     n_p, n_t = np.broadcast_arrays(np.asarray(n_prompt, float), np.asarray(n_token, float))
     n_p, n_t = n_p.ravel(), n_t.ravel()
 
-    def ok(log_g):
+    def ok(rows, log_g):
         k = log_g.shape[1]
-        df = C.sweep(c, wl, n_prompt=np.repeat(n_p, k), n_token=np.repeat(n_t, k), rate=rate,
+        df = C.sweep(c, wl, n_prompt=np.repeat(n_p[rows], k), n_token=np.repeat(n_t[rows], k), rate=rate,
                      kv_bandwidth=C.kv_bandwidth_of_gbps(np.exp(log_g).ravel()))
         return df["meets_slo"].to_numpy().reshape(log_g.shape)
 
-    return C.search_boundary(ok, np.full(n_p.size, np.log(BW_SEARCH_GBPS[0])),
-                             np.full(n_p.size, np.log(BW_SEARCH_GBPS[1])), increasing=True)
+    lo, hi = np.log(BW_SEARCH_GBPS)
+    return search_boundary(ok, np.full(n_p.size, lo), np.full(n_p.size, hi),
+                           increasing=True, rel_tol=C.search_tol(), points=C.search_points(n_p.size)).value
 
 
 def break_even(designs, wl, base: dict) -> pd.DataFrame:

@@ -29,9 +29,11 @@ import pandas as pd
 
 import _common as C
 
+from splitwise_jax import paper
+
 STUDY = "fig16_latency_vs_load"
 WORKLOADS = ("coding", "conversation")
-HA_MIXED_RATE = 90.0  # req/s: the paper's load where HA's mixed pool takes over
+HA_MIXED_RATE = paper.FIG16_HA_MIXED_RATE  # req/s: the paper's load where HA's mixed pool takes over
 MIXED_ACTIVE = 0.05  # share of prompts drafted that counts as "mixed pool active" (cluster status bit)
 
 
@@ -108,7 +110,6 @@ def hhcap_wins(data: pd.DataFrame, summ: pd.DataFrame) -> tuple[int, float]:
 
 def plot(data, summ, wl_name, args):
     plt = C.pyplot()
-    from splitwise_jax.cluster import PAPER_SLO
 
     fig, axes = plt.subplots(3, 3, figsize=(14, 10), sharex=True)
     for i, met in enumerate(C.METRICS):
@@ -116,7 +117,7 @@ def plot(data, summ, wl_name, args):
             ax = axes[i, j]
             for d, g in data.groupby("design", sort=False):
                 ax.plot(g["rate"], g[f"slowdown_{met}_{pc}"], "-o", ms=3, color=C.COLOURS[d], label=d)
-            ax.axhline(PAPER_SLO[i][j], color="k", ls=":", lw=1, label="SLO (Table VI)")
+            ax.axhline(paper.TABLE_VI_SLO[i][j], color="k", ls=":", lw=1, label="SLO (Table VI)")
             ax.set_yscale("log")
             ax.set_title(f"{met.upper()} {pc.upper()} slowdown", fontsize=10)
             if i == 2:

@@ -33,6 +33,8 @@ import pandas as pd
 
 import _common as C
 
+from splitwise_jax import paper
+
 STUDY = "fig17_batch_sizes"
 WORKLOADS = ("coding", "conversation")
 RATE = 70.0  # req/s, the paper's Fig. 17 load
@@ -79,14 +81,16 @@ def main(argv=None) -> int:
 
     bh = at[(at["design"] == "baseline-h100")].set_index("workload")
     rows = [
-        {"claim": "Baseline-H100, coding 70 req/s: time with <= 15 active tokens", "paper": 0.70,
+        {"claim": "Baseline-H100, coding 70 req/s: time with <= 15 active tokens",
+         "paper": paper.FIG17_SHARE_LE15_TOKENS,
          "ours": float(bh.loc["coding", "share_le15_tokens_prompt_pool"]),
          "note": "derived: (1 - rho) x Poisson(B) CDF; model has means only"},
         {"claim": "Baseline-H100, coding 70 req/s: mean decode batch", "paper": "-",
          "ours": float(bh.loc["coding", "batch_prompt_pool"]), "note": "what the model predicts"},
         {"claim": "Baseline-H100, conversation 70 req/s: time with <= 20 active tokens (insight II)",
-         "paper": 0.65, "ours": share_at_most(20, bh.loc["conversation", "batch_prompt_pool"],
-                                              bh.loc["conversation", "rho_prompt_pool"]),
+         "paper": paper.INSIGHT2_SHARE_LE20_TOKENS,
+         "ours": share_at_most(20, bh.loc["conversation", "batch_prompt_pool"],
+                               bh.loc["conversation", "rho_prompt_pool"]),
          "note": "paper: 60-70%; derived as above"},
     ]
     table = C.paper_vs_ours(rows, "Fig. 17: batch sizes (paper vs ours; ours are means, see docstring)")
@@ -119,7 +123,7 @@ def plot(data, args):
         ax.step(ks, [share_at_most(int(k), b, rho) for k in ks], where="post",
                 color=C.COLOURS[r["design"]], label=r["design"])
     ax.axvline(15, color="k", ls=":", lw=1)
-    ax.axhline(0.70, color="k", ls="--", lw=1, label="paper: Baseline-H100 70% at <= 15")
+    ax.axhline(paper.FIG17_SHARE_LE15_TOKENS, color="k", ls="--", lw=1, label="paper: Baseline-H100 70% at <= 15")
     ax.set(xlabel="active tokens k", ylabel="share of time with <= k tokens",
            title=f"coding {RATE:g} req/s: DERIVED (Poisson on the mean)")
     ax.legend(fontsize=7)

@@ -27,8 +27,10 @@ import pandas as pd
 
 import _common as C
 
+from splitwise_jax import paper
+
 STUDY = "fig20_robustness"
-PAPER_LOSS = {"splitwise-aa": 0.0, "splitwise-hh": 0.0, "splitwise-ha": 0.07, "splitwise-hhcap": 0.07}
+PAPER_LOSS = paper.FIG20_LOSS
 
 
 def main(argv=None) -> int:
