@@ -5,10 +5,11 @@ iso-cost points. `pareto_front` returns every non-dominated design instead:
 
 * without throughput (e.g. ``cost,power``): at the problem's load, each design's
   *staircase*, the fewest prompt machines that meet every constraint for each token-pool
-  size (and cap), found by a vectorised k-ary search (`search.search_boundary`) that
-  fills each batched evaluation. Feasibility is monotone in the prompt pool, so every
-  other feasible cell is dominated by a staircase cell of the same column. The columns
-  searched are those around the cheapest feasible cell of a coarse probe (8 x 8 log grid).
+  size (and cap), found by a k-ary search over integers that asks every open column at
+  once (one batched evaluation per step), inside brackets a coarse probe (8 x 8 log grid)
+  gives. Feasibility is monotone in the prompt pool, so every other feasible cell is
+  dominated by a staircase cell of the same column. The columns searched reach a little
+  past the token pools of the probe's cheap feasible cells.
 * with throughput (e.g. ``cost,throughput``): each cell of a log grid of pool sizes (and
   caps) at its largest feasible rate (`integer.max_rates`, the optimiser's bisection).
 
@@ -31,7 +32,6 @@ import pandas as pd
 from splitwise_jax.cluster import Cluster
 from splitwise_jax.optimize.integer import _box, _cap_values, _spend, max_rates
 from splitwise_jax.optimize.problem import Problem, SolverConfig
-from splitwise_jax.optimize.search import search_boundary
 from splitwise_jax.optimize.spec import CHUNK, RATE_BOUNDS, evaluate_points, is_feasible, make_spec, progress_bar
 from splitwise_jax.workload import Workload
 
@@ -105,49 +105,92 @@ def _feasible_cells(spec, info, cells, rate, config):
     return is_feasible(g)
 
 
+def _min_feasible(ok_fn, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per problem, the smallest integer in (lo, hi] where a monotone predicate holds,
+    given it fails at lo and holds at hi: a k-ary search over integers whose every step
+    asks all open problems at once, k = CHUNK // open problems (one batch)."""
+    lo, hi = lo.astype(int).copy(), hi.astype(int).copy()
+    while True:
+        active = np.flatnonzero(hi - lo > 1)
+        if not len(active):
+            return hi
+        k = max(1, CHUNK // len(active))
+        rows, pts = [], []
+        for i in active:
+            cand = np.unique(np.round(np.linspace(lo[i] + 1, hi[i] - 1, min(k, hi[i] - lo[i] - 1))).astype(int))
+            rows.extend([i] * len(cand))
+            pts.extend(cand.tolist())
+        rows, pts = np.asarray(rows), np.asarray(pts)
+        ok = ok_fn(rows, pts)
+        for i in active:
+            sel = rows == i
+            p, o = pts[sel], ok[sel]
+            if o.any():
+                first = int(np.argmax(o))
+                hi[i] = p[first]
+                if first > 0:
+                    lo[i] = p[first - 1]
+            else:
+                lo[i] = p.max()
+
+
 def _staircase(cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig, first: str):
-    """Minimal feasible prompt pools per (token pool, caps) at the problem's load."""
+    """Minimal feasible prompt pools per (token pool, caps) at the problem's load.
+
+    Feasibility is taken as monotone in each pool and cap (more machines or a higher cap
+    never break an SLO), as the optimiser's own pruning does: a coarse probe at the
+    highest caps then brackets every column (a feasible probe cell with fewer token
+    machines bounds it above; an infeasible one with more bounds it below)."""
     spec, info = make_spec(cluster, workload, problem)
     caps_p, caps_t = _cap_values(info, info.free_p, 0), _cap_values(info, info.free_t, 1)
     n_evals = 0
-    # Coarse probe at the highest caps: where the cheapest feasible cells lie.
+
+    def feasible(cells):
+        nonlocal n_evals
+        n_evals += len(cells)
+        return _feasible_cells(spec, info, cells, info.rate, config)
+
     ps = np.unique(np.round(np.geomspace(1, info.hi_p, _PROBE)))
     ts = np.unique(np.round(np.geomspace(1, info.hi_t, _PROBE))) if info.splitwise else np.array([0.0])
     probe = _box(ps, ts, [caps_p[-1]], [caps_t[-1]])
-    ok = _feasible_cells(spec, info, probe, info.rate, config)
-    n_evals += len(probe)
+    ok = feasible(probe)
     if not ok.any():
         return np.empty((0, 4)), n_evals
     if info.splitwise:
+        # Columns up to a little past the token pools of the cheap feasible probe cells.
         cost, power = _spend(cluster, probe)
         spend = cost if first == "cost" else power
-        cheap = ok & (spend <= 1.5 * spend[ok].min())
-        t_hi = int(min(info.hi_t, math.ceil(1.5 * probe[cheap, 1].max()) + 2))
-        t_cols = np.arange(1, t_hi + 1, dtype=float)
+        cheap = ok & (spend <= 1.25 * spend[ok].min())
+        t_cols = np.arange(1, int(min(info.hi_t, math.ceil(1.25 * probe[cheap, 1].max()) + 1)) + 1, dtype=float)
     else:
         t_cols = np.array([0.0])
     problems = np.array([(t, cp, ct) for t in t_cols for cp in caps_p for ct in caps_t], float)
-    m = len(problems)
-    points = max(1, CHUNK // m)
+    top_caps = (problems[:, 1] == caps_p[-1]) & (problems[:, 2] == caps_t[-1])
+    lo = np.zeros(len(problems))
+    hi = np.full(len(problems), float(info.hi_p))
+    known_hi = np.zeros(len(problems), bool)
+    for cell, good in zip(probe, ok):
+        if good:  # feasible here: feasible with as many or more token machines, at the top caps
+            sel = top_caps & (problems[:, 0] >= cell[1]) & (cell[0] <= hi)
+            hi[sel] = cell[0]
+            known_hi |= sel
+        else:  # infeasible here: infeasible with as many or fewer token machines, at any caps
+            sel = (problems[:, 0] <= cell[1]) & (cell[0] > lo)
+            lo[sel] = cell[0]
+    # Columns whose top has not been seen feasible: check the largest pool once.
+    check = np.flatnonzero(~known_hi)
+    if len(check):
+        top = feasible(np.column_stack([hi[check], problems[check]]))
+        keep = np.ones(len(problems), bool)
+        keep[check[~top]] = False
+        problems, lo, hi = problems[keep], lo[keep], hi[keep]
+    lo = np.minimum(lo, hi - 1)
 
-    def n_prompt(log_x):
-        return np.clip(np.ceil(np.exp(log_x) - 1e-9), 1, info.hi_p)
+    def ok_fn(rows, pts):
+        return feasible(np.column_stack([pts, problems[rows]]))
 
-    def ok_fn(rows, log_x):
-        nonlocal n_evals
-        k = log_x.shape[1]
-        cells = np.column_stack([n_prompt(log_x).reshape(-1), np.repeat(problems[rows, 0], k),
-                                 np.repeat(problems[rows, 1], k), np.repeat(problems[rows, 2], k)])
-        n_evals += len(cells)
-        return _feasible_cells(spec, info, cells, info.rate, config).reshape(len(rows), k)
-
-    # Integer resolution: a bracket narrower than log(1 + 1/hi_p) holds one integer.
-    b = search_boundary(ok_fn, np.zeros(m), np.full(m, math.log(info.hi_p)), increasing=True,
-                        rel_tol=0.5 * math.log1p(1.0 / info.hi_p), points=points)
-    found = b.ok_hi & np.isfinite(b.value)
-    stairs = np.column_stack([n_prompt(np.log(np.where(found, b.value, 1.0))), problems[:, 0], problems[:, 1],
-                              problems[:, 2]])[found]
-    return stairs, n_evals + b.evaluations
+    n_p = _min_feasible(ok_fn, lo, hi)
+    return np.column_stack([n_p, problems]).astype(float), n_evals
 
 
 def _rate_grid(cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig):
