@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-uncertainty", action="store_true",
                     help="leave the 'uncertainty' object (90%% intervals, SLO probabilities; docs/uncertainty.md) out "
                          "of --json: it costs 2 x 23 extra evaluations per GPU type in the cluster")
+    ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache "
+                                                            "(as optimize; SPLITWISE_JAX_CACHE moves it)")
     return ap
 
 
@@ -146,6 +148,10 @@ def main(argv=None) -> int:
         wl = load_workload(a.workload, rate_per_s=a.rate)
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model)
         pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
+    if not a.no_cache:
+        from splitwise_jax.optimize.cli import _enable_cache  # one cache policy for the CLIs
+
+        _enable_cache()
     ev = jax.jit(evaluate)
     m = ev(cluster, wl, a.horizon)
     d = metrics_to_dict(m)

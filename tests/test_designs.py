@@ -243,7 +243,8 @@ def test_every_pool_says_where_its_parameters_come_from():
 
 def test_evaluate_prints_provenance_per_pool(capsys):
     code = evaluate_main(["--prompt-pool", "dgx-h100:6", "--token-pool", "dgx-h200:2@0.8", "--model", "llama3.1-8b",
-                          "--workload", "coding", "--rate", "10", "--json"])
+                          "--workload", "coding", "--rate", "10", "--json", "--no-cache",
+                          "--no-uncertainty"])
     assert code == 0
     d = json.loads(capsys.readouterr().out)
     assert d["design"]["kind"] == "splitwise" and d["design"]["model"] == "llama3.1-8b"
