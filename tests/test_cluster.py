@@ -61,17 +61,23 @@ def coding():
 @pytest.fixture(scope="module")
 def sim_table_validation():
     vc = _study()
+    # Poisson runs of both reference files; the four real-arrival replays compile one
+    # windowed program each (~1 min apiece on 2 cores) and are left to the study.
     runs = vc.load_runs()
+    runs = runs[runs["trace"] == ""].reset_index(drop=True)
     return vc, vc.compare(runs, vc.predict(runs, "splitwise-sim-table"), "splitwise-sim-table")
 
 
 @needs_shared
 def test_accuracy_vs_splitwisesim_runs(sim_table_validation):
-    # The issue's goal, with SplitwiseSim's own phase table so that only the queueing
+    # Issue 4's goal, with SplitwiseSim's own phase table so that only the queueing
     # and batching model is tested: median |relative error| over the reference runs
-    # <= 10% at P50 and <= 20% at P90/P99, SLO verdict agreement >= 90%.
+    # <= 10% at P50 and <= 20% at P90/P99, SLO verdict agreement >= 90%. (Issue 10's
+    # stricter goal, 5% / 10% / 95% and no false "meets", is reported in the README's
+    # accuracy table, where it is met on splitwisesim_runs.csv and missed at the
+    # boundary.)
     vc, per_run = sim_table_validation
-    assert len(per_run) >= 60  # the shared folder holds 72 runs; a truncated file is a defect
+    assert len(per_run) >= 110  # the shared folder holds 72 + 48 Poisson runs; a truncated file is a defect
     med = {c: float(per_run[f"err_{c}"].abs().median()) for c in vc.ERR_COLS}
     limits = {c: 0.10 if c.endswith("p50") else 0.20 for c in vc.ERR_COLS}
     over = {c: f"{med[c]:.1%} > {limits[c]:.0%}" for c in vc.ERR_COLS if med[c] > limits[c]}
@@ -86,8 +92,8 @@ def test_validation_batching_matches_single_runs(sim_table_validation):
     # Tolerance: float64 round-off through the percentile solver (observed ~1e-12).
     vc, per_run = sim_table_validation
     runs = vc.load_runs()
-    poisson = runs.index[runs["trace"] == ""]
-    for i in (poisson[0], poisson[71]):  # a baseline (code) and a Splitwise design (conv)
+    runs = runs[runs["trace"] == ""].reset_index(drop=True)
+    for i in (0, 71):  # a baseline (code) and a Splitwise design (conv)
         row = runs.iloc[i]
         m = _evaluate(vc.cluster_of_run(row, "splitwise-sim-table"),
                       workload(vc.WORKLOADS[row["workload"]], float(row["rate"])), vc.HORIZON_S)
