@@ -462,3 +462,12 @@ def test_bad_interval_level_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--queries", str(q), "--out", str(tmp_path / "o.csv"), "--interval", "1.2"])
     assert e.value.code == 2 and "--interval must be a probability in (0, 1)" in capsys.readouterr().err
+
+
+def test_equal_spend_up_to_rounding_counts_as_equal():
+    from splitwise_jax.optimize.pareto import non_dominated
+
+    # 24 + 6 and 25 + 5 machines at $38.07/h: the same cost but for the last bit
+    cost = 38.07 * 24 + 38.07 * 6
+    vals = np.array([[cost, 306.0], [38.07 * 25 + 38.07 * 5, 290.7]])
+    assert list(non_dominated(vals, [1.0, 1.0])) == [False, True]

@@ -59,9 +59,13 @@ def non_dominated(values: np.ndarray, senses) -> np.ndarray:
     """Mask of the rows of values (N, m) that no other row dominates.
 
     Row a dominates b when a is at least as good in every column and better in one
-    (good = small for sense +1, large for -1). Duplicates keep their first copy.
+    (good = small for sense +1, large for -1). Values within 1e-9 of each column's
+    largest magnitude count as equal (30 machines cost the same however the pools split
+    them, up to rounding). Duplicates keep their first copy.
     """
     v = np.asarray(values, float) * np.asarray(senses, float)[None, :]
+    scale = np.maximum(np.max(np.abs(v), axis=0, initial=0.0), 1e-300)
+    v = np.round(v / scale, 9)
     n = len(v)
     keep = np.ones(n, bool)
     for i in range(n):
