@@ -34,6 +34,12 @@ from splitwise_jax.phases import mean_token_latency_s as mean_token_latency_s
 from splitwise_jax.phases import mixed_latency_s as mixed_latency_s
 from splitwise_jax.phases import prompt_latency_s as prompt_latency_s
 from splitwise_jax.phases import token_latency_s as token_latency_s
+from splitwise_jax.simulate.api import SimResult as SimResult
+from splitwise_jax.simulate.api import simulate as simulate
+from splitwise_jax.simulate.policies import SimConfig as SimConfig
+from splitwise_jax.simulate.trace import RequestTrace as RequestTrace
+from splitwise_jax.simulate.trace import from_csv as trace_from_csv
+from splitwise_jax.simulate.trace import poisson as poisson_trace
 from splitwise_jax.workload import Workload as Workload
 from splitwise_jax.workload import coarsen as coarsen
 from splitwise_jax.workload import load_trace as load_trace
