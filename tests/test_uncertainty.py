@@ -413,11 +413,19 @@ def test_pareto_front_is_non_dominated_and_the_staircase_is_exact(fake_search):
     wl = coarsen(workload("coding", 70.0), 4, 4)
     res = pareto_front(lambda d: make_cluster(d, 1, 1), ["splitwise-hh", "splitwise-aa"], wl, problem,
                        ("cost", "power"))
-    # each staircase cell is the fewest prompt machines meeting every constraint in its column
-    for _, r in res.candidates.iterrows():
+    # every candidate is feasible; the front is the brute-force front of the whole grid
+    cand = res.candidates
+    phys = np.column_stack([cand[["prompt_machines", "token_machines", "prompt_cap_frac", "token_cap_frac",
+                                  "rate_per_s"]].to_numpy(float)])
+    assert np.all(_fake_g(phys) >= 0)
+    grid = np.array([(p, t, 1.0, 1.0, 70.0) for p in range(1, 41) for t in range(1, 41)], float)
+    feas = grid[np.all(_fake_g(grid) >= 0, axis=1)]
+    spend = np.column_stack([feas[:, 0] * 10.0 + feas[:, 1] * 10.0, feas[:, 0] * 5.0 + feas[:, 1] * 4.0])
+    brute = {tuple(v) for v in spend[non_dominated(spend, [1.0, 1.0])]}
+    assert {tuple(v) for v in res.front[["cost_per_hour", "provisioned_power_kw"]].to_numpy()} == brute
+    for _, r in res.front.iterrows():  # each front cell is the fewest prompt machines of its column
         col = np.array([[p, r["token_machines"], 1.0, 1.0, 70.0] for p in range(1, 41)], float)
-        first = int(np.argmax(np.all(_fake_g(col) >= 0, axis=1))) + 1
-        assert r["prompt_machines"] == first
+        assert r["prompt_machines"] == int(np.argmax(np.all(_fake_g(col) >= 0, axis=1))) + 1
     f = res.front[["cost_per_hour", "provisioned_power_kw"]].to_numpy()
     everyone = res.candidates[["cost_per_hour", "provisioned_power_kw"]].to_numpy()
     for v in f:  # nothing considered dominates a front point

@@ -109,92 +109,137 @@ def _feasible_cells(spec, info, cells, rate, config):
     return is_feasible(g)
 
 
-def _min_feasible(ok_fn, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per problem, the smallest integer in (lo, hi] where a monotone predicate holds,
-    given it fails at lo and holds at hi: a k-ary search over integers whose every step
-    asks all open problems at once, k = CHUNK // open problems (one batch)."""
-    lo, hi = lo.astype(int).copy(), hi.astype(int).copy()
-    while True:
-        active = np.flatnonzero(hi - lo > 1)
-        if not len(active):
-            return hi
-        k = max(1, CHUNK // len(active))
-        rows, pts = [], []
-        for i in active:
-            cand = np.unique(np.round(np.linspace(lo[i] + 1, hi[i] - 1, min(k, hi[i] - lo[i] - 1))).astype(int))
+def _dominated(points: np.ndarray, by: np.ndarray) -> np.ndarray:
+    """Which rows of points (n, 2; both minimised) some row of `by` dominates (ties up
+    to 1e-9 of the scale count as equal, as in `non_dominated`)."""
+    if not len(points) or not len(by):
+        return np.zeros(len(points), bool)
+    scale = np.maximum(np.max(np.abs(np.concatenate([points, by])), axis=0), 1e-300)
+    p, b = np.round(points / scale, 9), np.round(by / scale, 9)
+    le = np.all(b[None, :, :] <= p[:, None, :], axis=2)
+    lt = np.any(b[None, :, :] < p[:, None, :], axis=2)
+    return np.any(le & lt, axis=1)
+
+
+class _Staircase:
+    """One design's search for its staircase at the problem's load: per column (token
+    pool, caps) the fewest prompt machines meeting every constraint.
+
+    Feasibility is taken as monotone in each pool and cap (more machines or a higher cap
+    never break an SLO), as the optimiser's own pruning does. A coarse probe at the
+    highest caps brackets every column (a feasible probe cell with fewer token machines
+    bounds it above; an infeasible one with more bounds it below); each `step` is one
+    batched evaluation: the open columns' top checks and k-ary points inside their
+    brackets. `prune` drops columns whose cheapest possible cell is already dominated
+    in (cost, power) by a known feasible design of any family: exact, since cost and
+    power are known functions of the cell that grow with the prompt pool.
+    """
+
+    def __init__(self, cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig):
+        self.cluster = cluster
+        self.spec, self.info = make_spec(cluster, workload, problem)
+        self.config = config
+        self.evaluations = 0
+        info = self.info
+        caps_p, caps_t = _cap_values(info, info.free_p, 0), _cap_values(info, info.free_t, 1)
+        ps = np.unique(np.round(np.geomspace(1, info.hi_p, _PROBE)))
+        ts = np.unique(np.round(np.geomspace(1, info.hi_t, _PROBE))) if info.splitwise else np.array([0.0])
+        probe = _box(ps, ts, [caps_p[-1]], [caps_t[-1]])
+        ok = self._feasible(probe)
+        self.probe_feasible = probe[ok]
+        t_cols = np.arange(1, info.hi_t + 1, dtype=float) if info.splitwise else np.array([0.0])
+        self.cols = np.array([(t, cp, ct) for t in t_cols for cp in caps_p for ct in caps_t], float)
+        n = len(self.cols)
+        top_caps = (self.cols[:, 1] == caps_p[-1]) & (self.cols[:, 2] == caps_t[-1])
+        self.lo = np.zeros(n)
+        self.hi = np.full(n, float(info.hi_p))
+        self.known_hi = np.zeros(n, bool)
+        for cell, good in zip(probe, ok):
+            if good:
+                sel = top_caps & (self.cols[:, 0] >= cell[1]) & (cell[0] <= self.hi)
+                self.hi[sel] = cell[0]
+                self.known_hi |= sel
+            else:
+                sel = (self.cols[:, 0] <= cell[1]) & (cell[0] > self.lo)
+                self.lo[sel] = cell[0]
+        self.lo = np.minimum(self.lo, self.hi - 1)
+        self.alive = np.ones(n, bool) if ok.any() else np.zeros(n, bool)
+
+    def _feasible(self, cells):
+        self.evaluations += len(cells)
+        phys = np.concatenate([cells, np.full((len(cells), 1), self.info.rate)], axis=1)
+        g, _, _ = evaluate_points(self.spec, phys, self.config.resolution)
+        return is_feasible(g)
+
+    def spend(self, n_p, cols) -> np.ndarray:
+        cost, power = _spend(self.cluster, np.column_stack([n_p, cols]))
+        return np.column_stack([cost, power])
+
+    def known_feasible(self) -> np.ndarray:
+        """(cost, power) of the design's cells known to be feasible."""
+        pts = [self.spend(self.probe_feasible[:, 0], self.probe_feasible[:, 1:])] if len(self.probe_feasible) else []
+        sel = self.alive & self.known_hi
+        if sel.any():
+            pts.append(self.spend(self.hi[sel], self.cols[sel]))
+        return np.concatenate(pts) if pts else np.empty((0, 2))
+
+    @property
+    def open(self) -> bool:
+        return bool(np.any(self.alive & (~self.known_hi | (self.hi - self.lo > 1))))
+
+    def prune(self, known: np.ndarray) -> None:
+        idx = np.flatnonzero(self.alive)
+        best_case = self.spend(self.lo[idx] + 1, self.cols[idx])
+        self.alive[idx[_dominated(best_case, known)]] = False
+
+    def step(self) -> None:
+        top = np.flatnonzero(self.alive & ~self.known_hi)
+        mid = np.flatnonzero(self.alive & self.known_hi & (self.hi - self.lo > 1))
+        k = max(1, (CHUNK - len(top)) // max(len(mid), 1))
+        rows, pts = list(top), list(self.hi[top].astype(int))
+        for i in mid:
+            lo, hi = int(self.lo[i]), int(self.hi[i])
+            cand = np.unique(np.round(np.linspace(lo + 1, hi - 1, min(k, hi - lo - 1))).astype(int))
             rows.extend([i] * len(cand))
             pts.extend(cand.tolist())
-        rows, pts = np.asarray(rows), np.asarray(pts)
-        ok = ok_fn(rows, pts)
-        for i in active:
+        rows, pts = np.asarray(rows, int), np.asarray(pts, float)
+        ok = self._feasible(np.column_stack([pts, self.cols[rows]]))
+        for i in top:  # the largest pool fails: nothing in this column
+            good = ok[(rows == i) & (pts == self.hi[i])][0]
+            self.known_hi[i] = good
+            self.alive[i] &= good
+        for i in mid:
             sel = rows == i
             p, o = pts[sel], ok[sel]
             if o.any():
                 first = int(np.argmax(o))
-                hi[i] = p[first]
+                self.hi[i] = p[first]
                 if first > 0:
-                    lo[i] = p[first - 1]
+                    self.lo[i] = p[first - 1]
             else:
-                lo[i] = p.max()
+                self.lo[i] = p.max()
+
+    def cells(self) -> np.ndarray:
+        """Every cell known feasible: the staircase of the columns still in play (exact
+        minima) and, for the record and the plot, the probe's and the pruned columns'."""
+        sel = self.known_hi & (self.alive | (self.hi < self.info.hi_p))
+        cells = np.concatenate([np.column_stack([self.hi[sel], self.cols[sel]]), self.probe_feasible])
+        return np.unique(cells, axis=0)
 
 
-def _staircase(cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig, first: str):
-    """Minimal feasible prompt pools per (token pool, caps) at the problem's load.
-
-    Feasibility is taken as monotone in each pool and cap (more machines or a higher cap
-    never break an SLO), as the optimiser's own pruning does: a coarse probe at the
-    highest caps then brackets every column (a feasible probe cell with fewer token
-    machines bounds it above; an infeasible one with more bounds it below)."""
-    spec, info = make_spec(cluster, workload, problem)
-    caps_p, caps_t = _cap_values(info, info.free_p, 0), _cap_values(info, info.free_t, 1)
-    n_evals = 0
-
-    def feasible(cells):
-        nonlocal n_evals
-        n_evals += len(cells)
-        return _feasible_cells(spec, info, cells, info.rate, config)
-
-    ps = np.unique(np.round(np.geomspace(1, info.hi_p, _PROBE)))
-    ts = np.unique(np.round(np.geomspace(1, info.hi_t, _PROBE))) if info.splitwise else np.array([0.0])
-    probe = _box(ps, ts, [caps_p[-1]], [caps_t[-1]])
-    ok = feasible(probe)
-    if not ok.any():
-        return np.empty((0, 4)), n_evals
-    if info.splitwise:
-        # Columns up to a little past the token pools of the cheap feasible probe cells.
-        cost, power = _spend(cluster, probe)
-        spend = cost if first == "cost" else power
-        cheap = ok & (spend <= 1.25 * spend[ok].min())
-        t_cols = np.arange(1, int(min(info.hi_t, math.ceil(1.25 * probe[cheap, 1].max()) + 1)) + 1, dtype=float)
-    else:
-        t_cols = np.array([0.0])
-    problems = np.array([(t, cp, ct) for t in t_cols for cp in caps_p for ct in caps_t], float)
-    top_caps = (problems[:, 1] == caps_p[-1]) & (problems[:, 2] == caps_t[-1])
-    lo = np.zeros(len(problems))
-    hi = np.full(len(problems), float(info.hi_p))
-    known_hi = np.zeros(len(problems), bool)
-    for cell, good in zip(probe, ok):
-        if good:  # feasible here: feasible with as many or more token machines, at the top caps
-            sel = top_caps & (problems[:, 0] >= cell[1]) & (cell[0] <= hi)
-            hi[sel] = cell[0]
-            known_hi |= sel
-        else:  # infeasible here: infeasible with as many or fewer token machines, at any caps
-            sel = (problems[:, 0] <= cell[1]) & (cell[0] > lo)
-            lo[sel] = cell[0]
-    # Columns whose top has not been seen feasible: check the largest pool once.
-    check = np.flatnonzero(~known_hi)
-    if len(check):
-        top = feasible(np.column_stack([hi[check], problems[check]]))
-        keep = np.ones(len(problems), bool)
-        keep[check[~top]] = False
-        problems, lo, hi = problems[keep], lo[keep], hi[keep]
-    lo = np.minimum(lo, hi - 1)
-
-    def ok_fn(rows, pts):
-        return feasible(np.column_stack([pts, problems[rows]]))
-
-    n_p = _min_feasible(ok_fn, lo, hi)
-    return np.column_stack([n_p, problems]).astype(float), n_evals
+def _staircases(clusters: dict, workload: Workload, problems: dict, config: SolverConfig):
+    """Every design's staircase, searched together so each prunes the others."""
+    states = {d: _Staircase(c, workload, problems[d], config) for d, c in clusters.items()}
+    while True:
+        known = np.concatenate([st.known_feasible() for st in states.values()])
+        for st in states.values():
+            st.prune(known)
+        active = [st for st in states.values() if st.open]
+        if not active:
+            break
+        for st in active:
+            st.step()
+    return {d: (st.cells(), st.evaluations) for d, st in states.items()}
 
 
 def _rate_grid(cluster: Cluster, workload: Workload, problem: Problem, config: SolverConfig):
@@ -244,29 +289,36 @@ def pareto_front(make: Callable[[str], Cluster], designs, workload: Workload, pr
     throughput = "throughput" in objectives
     base = dataclasses.replace(problem, objective="cost", power_budget_kw=None, cost_budget_per_h=None) \
         if problem.objective == "throughput" else problem
-    with progress_bar(progress, total=len(designs), desc="pareto", unit="design") as bar:
-        for d in designs:
-            t1 = time.perf_counter()
-            cluster = make(d)
-            p = base
-            if cluster.kind == "baseline" and p.free_caps in ("token", "both"):
-                p = dataclasses.replace(p, free_caps="prompt" if p.free_caps == "both" else "none")
-            if throughput:
-                cells, rates, n = _rate_grid(cluster, workload, p, config)
-            else:
-                first = objectives[0] if objectives[0] in ("cost", "power") else "cost"
-                cells, n = _staircase(cluster, workload, p, config, first)
-                _, info = make_spec(cluster, workload, p)
-                rates = np.full(len(cells), info.rate)
-            n_evals += n
-            cost, power = _spend(cluster, cells) if len(cells) else (np.empty(0), np.empty(0))
-            for i in range(len(cells)):
-                rows.append({"design": d, "prompt_machines": int(cells[i, 0]), "token_machines": int(cells[i, 1]),
-                             "prompt_cap_frac": float(cells[i, 2]), "token_cap_frac": float(cells[i, 3]),
-                             "rate_per_s": float(rates[i]), "cost_per_hour": float(cost[i]),
-                             "provisioned_power_kw": float(power[i])})
-            per_design[d] = time.perf_counter() - t1
-            bar.update(1)
+    problems, clusters = {}, {}
+    for d in designs:
+        clusters[d] = make(d)
+        p = base
+        if clusters[d].kind != "splitwise" and p.free_caps in ("token", "both"):
+            p = dataclasses.replace(p, free_caps="prompt" if p.free_caps == "both" else "none")
+        problems[d] = p
+    if throughput:
+        found = {}
+        with progress_bar(progress, total=len(designs), desc="pareto", unit="design") as bar:
+            for d in designs:
+                t1 = time.perf_counter()
+                cells, rates, n = _rate_grid(clusters[d], workload, problems[d], config)
+                found[d] = (cells, rates, n)
+                per_design[d] = time.perf_counter() - t1
+                bar.update(1)
+    else:
+        found = {}
+        for d, (cells, n) in _staircases(clusters, workload, problems, config).items():
+            _, info = make_spec(clusters[d], workload, problems[d])
+            found[d] = (cells, np.full(len(cells), info.rate), n)
+    for d in designs:
+        cells, rates, n = found[d]
+        n_evals += n
+        cost, power = _spend(clusters[d], cells) if len(cells) else (np.empty(0), np.empty(0))
+        for i in range(len(cells)):
+            rows.append({"design": d, "prompt_machines": int(cells[i, 0]), "token_machines": int(cells[i, 1]),
+                         "prompt_cap_frac": float(cells[i, 2]), "token_cap_frac": float(cells[i, 3]),
+                         "rate_per_s": float(rates[i]), "cost_per_hour": float(cost[i]),
+                         "provisioned_power_kw": float(power[i])})
     cols = ["design", "prompt_machines", "token_machines", "prompt_cap_frac", "token_cap_frac", "rate_per_s",
             "cost_per_hour", "provisioned_power_kw"]
     cand = pd.DataFrame(rows, columns=cols)
