@@ -214,8 +214,14 @@ def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     def rates(b):
         return _rates(timing, budget, lam_p, n_m, prompt_w, p_tok, chunks, ctx_tokens, b)
 
+    def need_of(r: _Rates):
+        # Decodes start as prompts finish: at most the rate the prompt queue serves, 1 / rho
+        # of the arrivals in overload (otherwise the decode batch of an overloaded pool
+        # would grow with prompts that never ran, slowing the prompts further).
+        return lam_d * smooth_min_one(1.0 / jnp.maximum(r.rho, 1e-12), _RHO_TEMPERATURE) * mean_decode_iters * r.step
+
     def residual(log_b):
-        need = lam_d * mean_decode_iters * rates(jnp.exp(log_b)).step
+        need = need_of(rates(jnp.exp(log_b)))
         return log_b - jnp.log(jnp.maximum(smooth_min_pos(need, batch_cap, p=_MEMORY_P), 1e-12))
 
     # Newton in log B, as pool.pool_state (the residual's slope lies in (0, 1]).
@@ -246,7 +252,7 @@ def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     decoding = 1.0 - jnp.exp(-batch)
     resid = (1.0 - smooth_min_one(r.rho, _RHO_TEMPERATURE)) * decoding * 0.5 * r.t_d
     return PoolState(
-        rho_prompt=r.rho, batch=batch, batch_need=lam_d * mean_decode_iters * r.step, prompt_s=own,
+        rho_prompt=r.rho, batch=batch, batch_need=need_of(r), prompt_s=own,
         mean_prompt_s=e_s, scv_prompt=scv, decode_s=r.t_d, step_s=r.step, events_per_step=events,
         interf_mean_s=(r.step - r.t_d) / events, interf_var_s2=q * var_x / events, residual_s=resid)
 
