@@ -8,6 +8,8 @@ One job per file:
 * `splits`: held-out splits (a) random, (b) extrapolation, (c) spec transfer, each
   fitted and predicted beside SplitwiseSim's interpolation (`evaluate_split`);
 * `errors`: error tables of held-out predictions;
+* `laplace`: the parameter uncertainty of a fit (Laplace covariance, residual scatter);
+* `intervals`: prediction intervals of phase times and their held-out coverage;
 * `report`, `cli`, `__main__`: the figure, the calibration/ README and
   `python -m splitwise_jax.calibrate`.
 
@@ -31,6 +33,9 @@ from splitwise_jax.calibrate.fit import FitConfig as FitConfig
 from splitwise_jax.calibrate.fit import Fitted as Fitted
 from splitwise_jax.calibrate.fit import fit as fit
 from splitwise_jax.calibrate.fit import outlier_ids as outlier_ids
+from splitwise_jax.calibrate.intervals import coverage_table as coverage_table
+from splitwise_jax.calibrate.intervals import predict_intervals as predict_intervals
+from splitwise_jax.calibrate.laplace import laplace as laplace
 from splitwise_jax.calibrate.fit import power_outliers as power_outliers
 from splitwise_jax.calibrate.report import plot_predicted_vs_measured as plot_predicted_vs_measured
 from splitwise_jax.calibrate.rows import GroupData as GroupData
