@@ -74,6 +74,22 @@ FILES = {
 }
 
 
+# Design files and Hugging Face configs (issue 13: designs as data, models from files).
+_POOL = '[[pool]]\nrole = "colocated"\nmachine = "dgx-h100"\ncount = 4\n'
+FILES.update({
+    "design_malformed.toml": "[[pool]\nrole = ",
+    "design_unknown_field.toml": _POOL + "gpus = 8\n",
+    "design_bad_cap.toml": _POOL.replace("count = 4", "count = 4\ncap = 1.5"),
+    "design_negative_count.toml": _POOL.replace("count = 4", "count = -4"),
+    "design_unknown_machine.toml": _POOL.replace("dgx-h100", "dgx-z100"),
+    "design_one_prompt_pool.toml": _POOL.replace("colocated", "prompt"),
+    "design_no_pools.toml": 'name = "empty"\n',
+    "design.yaml": "pool: []\n",
+    "hf_missing_key.json": '{"model_type": "llama", "hidden_size": 4096}',
+    "hf_unknown_family.json": '{"model_type": "gpt2", "n_layer": 12}',
+})
+
+
 def _case(cli, argv, fragment, id_):
     return pytest.param(cli, argv, fragment, id=id_)
 
@@ -208,6 +224,56 @@ CASES = [
     _case("predict", ["--queries", "{queries.csv}", "--out", "{o.csv}", "--params", "{empty.csv}"],
           "the file is empty", "params-empty"),
 ]
+
+# Designs as data, pool flags, models from files (issue 13).
+COLO = ["--colocated-pool", "dgx-h100:4"]
+CASES += [
+    _case("evaluate", ["--design-file", "{missing.toml}"], "--design-file", "design-missing"),
+    _case("evaluate", ["--design-file", "{design_malformed.toml}"], "is malformed", "design-malformed"),
+    _case("evaluate", ["--design-file", "{design_unknown_field.toml}"], "unknown fields ['gpus']",
+          "design-unknown-field"),
+    _case("evaluate", ["--design-file", "{design_bad_cap.toml}"], "cap must be a finite number > 0 and <= 1",
+          "design-bad-cap"),
+    _case("evaluate", ["--design-file", "{design_negative_count.toml}"], "count must be a finite number > 0",
+          "design-negative-count"),
+    _case("evaluate", ["--design-file", "{design_unknown_machine.toml}"], "machine must be one of",
+          "design-unknown-machine"),
+    _case("evaluate", ["--design-file", "{design_one_prompt_pool.toml}"], "one prompt and one token pool",
+          "design-half-split"),
+    _case("evaluate", ["--design-file", "{design_no_pools.toml}"], "needs [[pool]] entries", "design-no-pools"),
+    _case("evaluate", ["--design-file", "{design.yaml}"], "must end in .toml or .json", "design-extension"),
+    _case("evaluate", ["--design-file", "{empty.csv}"], "the file is empty", "design-empty"),
+    _case("evaluate", ["--colocated-pool", "dgx-h100:4@1.5"], "--colocated-pool 'dgx-h100:4@1.5': expected",
+          "pool-flag-bad-cap"),
+    _case("evaluate", ["--colocated-pool", "dgx-h100:-4"], "COUNT > 0", "pool-flag-negative-count"),
+    _case("evaluate", ["--colocated-pool", "dgx-h100:4/x"], "TP an integer >= 1", "pool-flag-bad-tp"),
+    _case("evaluate", ["--colocated-pool", "dgx-h100:4/3"], "tp must divide the 8 GPUs", "pool-flag-tp-not-divisor"),
+    _case("evaluate", ["--colocated-pool", "dgx-h100"], "has no count", "pool-flag-no-count"),
+    _case("evaluate", ["--colocated-pool", "dgx-h100,dgx-b200:4"], "lists 2 machines", "pool-flag-list-evaluate"),
+    _case("evaluate", ["--colocated-pool", "tpu-v5:4"], "machine must be one of", "pool-flag-unknown-machine"),
+    _case("evaluate", ["--prompt-pool", "dgx-h100:4"], "give --prompt-pool and --token-pool", "pool-flag-half-split"),
+    _case("evaluate", ["--design", "baseline-h100"] + COLO, "give one of --design NAME, --design-file FILE or pool",
+          "pool-flag-with-design"),
+    _case("evaluate", COLO + ["--machines", "4"], "size a named --design", "pool-flag-with-machines"),
+    _case("evaluate", SPLITWISE + ["--chunked-prefill", "512"], "--chunked-prefill applies to a colocated design",
+          "chunked-on-splitwise"),
+    _case("evaluate", COLO + ["--chunked-prefill", "0"], "argument --chunked-prefill: must be a positive",
+          "chunked-zero"),
+    _case("evaluate", COLO + ["--model", "llama3.1-405b"], "does not fit on dgx-h100", "model-does-not-fit"),
+    _case("evaluate", COLO + ["--weight-dtype", "fp4"], "--weight-dtype must be one of", "weight-dtype-unknown"),
+    _case("evaluate", COLO + ["--hf-config", "{missing.json}"], "--hf-config: config.json", "hf-config-missing"),
+    _case("evaluate", COLO + ["--hf-config", "{hf_missing_key.json}"], "num_hidden_layers", "hf-config-missing-key"),
+    _case("evaluate", COLO + ["--hf-config", "{hf_unknown_family.json}"], "gpt2", "hf-config-unknown-family"),
+    _case("optimize", COLO + ["--compare-designs"], "not combine with --design-file, pool flags",
+          "opt-compare-with-pools"),
+    _case("optimize", ["--colocated-pool", "dgx-h100", "--chunked-prefill", "512,x"],
+          "--chunked-prefill must be one or more comma-separated token budgets", "opt-chunked-list-bad"),
+    _case("optimize", ["--prompt-pool", "dgx-h100", "--token-pool", "dgx-h100", "--chunked-prefill", "512"],
+          "applies to a colocated design", "opt-chunked-on-splitwise"),
+    _case("optimize", ["--colocated-pool", "dgx-h100,dgx-x"], "machine must be one of", "opt-pool-list-unknown"),
+    _case("optimize", ["--design-file", "{design_bad_cap.toml}"], "cap must be a finite number", "opt-design-bad-cap"),
+]
+
 
 # The kinds of bad input the catalogue covers (the issue asks for at least 25).
 KINDS = {
