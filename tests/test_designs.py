@@ -291,3 +291,34 @@ def test_scheduling_of_a_design_reaches_the_cluster():
     s = Scheduling(max_batch_tokens=4096.0, draft_pending_tokens=1024.0)
     d = dataclasses.replace(get_design("splitwise-hh").with_counts(10.0, 3.0), scheduling=s)
     assert build_cluster(d).scheduling == s
+
+
+# ---------------------------------------------------------------------------------------
+# Machine-type and budget choices of optimize (optimize/variants.py)
+# ---------------------------------------------------------------------------------------
+
+
+def test_variants_are_every_combination():
+    from splitwise_jax.optimize.variants import variants
+
+    d = Design("x", (Pool("prompt", "dgx-h100", 3, search_machines=("dgx-h100", "dgx-h200")),
+                     Pool("token", "dgx-h100", search_machines=("dgx-h100", "dgx-b200", "mi300x-x8"))))
+    v = variants(d)
+    assert len(v) == 6 and "prompt=dgx-h200,token=mi300x-x8" in v
+    assert all(p.count is None and not p.search_machines for x in v.values() for p in x.pools)
+    c = variants(Design("c", (Pool("colocated", "dgx-h100"),), chunked_prefill_tokens=512.0), (256.0, 2048.0))
+    assert sorted(x.chunked_prefill_tokens for x in c.values()) == [256.0, 2048.0]
+    assert list(variants(get_design("splitwise-hh"))) == ["splitwise-hh"]  # nothing to choose: the design's name
+    with pytest.raises(ValueError, match="colocated"):
+        variants(get_design("splitwise-hh"), (512.0,))
+
+
+def test_best_variant_follows_the_objective():
+    from types import SimpleNamespace as NS
+
+    from splitwise_jax.optimize.variants import best_variant
+
+    res = {"a": NS(feasible=True, best=NS(objective=5.0)), "b": NS(feasible=True, best=NS(objective=3.0)),
+           "c": NS(feasible=False, best=None)}
+    assert best_variant(res, "cost") == "b" and best_variant(res, "throughput") == "a"
+    assert best_variant({"c": res["c"]}, "cost") is None

@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     """Command-line entry point (see docs/optimize.md); bad input exits 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     from splitwise_jax.designs import DESIGNS, build_cluster, make_cluster
-    from splitwise_jax.optimize.variants import best_variant, variants
+    from splitwise_jax.optimize.variants import best_variant, variants, variants_table
     from splitwise_jax.workload import coarsen
     from splitwise_jax.workload import workload as load_workload
 
@@ -312,9 +312,9 @@ def main(argv=None) -> int:
         print(json.dumps(d, indent=2))
     else:
         if searched is not None:
-            _print_compare(searched, clusters, problem, args.design,
-                           f"{len(searched)} machine / budget choices on {args.workload}: {goal} {load}; "
-                           f"normalised to the best")
+            print(variants_table(searched, {k: c.kind == "splitwise" for k, c in clusters.items()},
+                                 best_variant(searched, problem.objective),
+                                 f"{len(searched)} machine / budget choices on {args.workload}: {goal} {load}"))
         name = _label(args.design) if args.design in DESIGNS else args.design
         _print_result(res, cluster, f"{name} on {args.workload}: {goal} {load} ({bins_text})",
                       full, grid, opt_wall, bins_text, fig12)

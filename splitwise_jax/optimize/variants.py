@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from splitwise_jax.designs import Design
 from splitwise_jax.optimize.problem import OptimizeResult
 
@@ -53,3 +55,23 @@ def best_variant(results: dict[str, OptimizeResult], objective: str) -> str | No
         return None
     sign = -1.0 if objective == "throughput" else 1.0
     return min(ok, key=lambda k: (sign * ok[k].best.objective, k))
+
+
+def variants_table(results: dict[str, OptimizeResult], splitwise: dict[str, bool], best: str | None,
+                   title: str) -> str:
+    """One line per combination: its answer, or why none was found, and its objective
+    against the best combination's."""
+    lines = [title, f"  {'choice':<40} {'machines':>9} {'caps':>9} {'req/s':>8} {'$/h':>9} {'kW prov':>8} {'vs best':>8}"]
+    ref = results[best].best.objective if best is not None else None
+    for k, r in results.items():
+        b = r.best
+        if not r.feasible or b is None:
+            why = ", ".join(f"{n} {np.expm1(v):+.0%}" for n, v in r.continuous["violated"].items())
+            lines.append(f"  {k:<40} infeasible up to {r.bounds[0]} machines per pool ({why or 'no single constraint'})")
+            continue
+        pools = f"{b.prompt_machines}+{b.token_machines}" if splitwise[k] else f"{b.prompt_machines}"
+        caps = f"{b.prompt_cap_frac:.2f}/{b.token_cap_frac:.2f}" if splitwise[k] else f"{b.prompt_cap_frac:.2f}"
+        mark = "  <- best" if k == best else ""
+        lines.append(f"  {k:<40} {pools:>9} {caps:>9} {b.rate_per_s:>8.1f} {b.cost_per_hour:>9,.0f} "
+                     f"{b.provisioned_power_kw:>8.1f} {b.objective / ref:>7.2f}x{mark}")
+    return "\n".join(lines)
