@@ -1,0 +1,214 @@
+"""Property-based tests of `evaluate` over its whole domain (hypothesis).
+
+Domain: pool sizes 0.3-300 machines, arrival rates 0.01-2,000 req/s, KV-transfer
+bandwidth 1 MB/s-1 TB/s, power caps from each GPU's floor to its TDP, both workloads,
+every design. Properties:
+
+* every output is finite and so is the gradient of the log latencies, log throughput
+  and log power with respect to pool sizes, caps, bandwidth and rate (overload, rho = 1
+  and the cap floor included: the model reports them, it never returns NaN or inf);
+* latency percentiles never fall when the arrival rate rises or machines are removed:
+  asserted for the Fig. 12 cluster as the load rises, and shown false elsewhere: a
+  random search found drops of 5-94% for every design and each change (rate up, prompt
+  or token machines down), and small ones (0.3-3%) at the paper's operating points;
+  each is pinned as an `xfail(strict=True)` reproducer below and reported to the lead.
+
+Cost: one jitted, vmapped evaluation (values and gradients of four paired clusters) per
+design kind, compiled once and shared by the four Splitwise designs (and the two
+baselines) through uniform static names; workloads coarsened to 8 x 8 classes and a
+low `Resolution`. `derandomize=True` makes the search reproducible in CI, and a failure
+shrinks to a minimal reproducer, which hypothesis prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import splitwise_jax as sj
+from splitwise_jax._caps import cap_floor_frac
+from splitwise_jax.cluster import Resolution
+from splitwise_jax.designs import uniform_names
+
+RES = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4)
+BINS = 8
+LATENCY = ("ttft_s", "tbt_s", "e2e_s")
+# Monotonicity tolerance: the percentile solver at this resolution (16 grid points, 4
+# Illinois steps) places a percentile to ~5e-4 relative (tests/test_quantiles.py,
+# coarse case), so two solves of nearly equal percentiles may cross by up to twice that.
+MONO_RTOL = 1e-3
+SETTINGS = settings(max_examples=6, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _workload(name: str) -> sj.Workload:
+    """An 8 x 8 class grid (padded with zero-weight classes) so both workloads share shapes."""
+    wl = sj.coarsen(sj.load_workload(name, 1.0), BINS, BINS)
+    k, m = wl.weights.shape
+    p = jnp.concatenate([wl.prompt_tokens, jnp.full(BINS - k, wl.prompt_tokens[-1])])
+    o = jnp.concatenate([wl.output_tokens, jnp.full(BINS - m, wl.output_tokens[-1])])
+    w = jnp.pad(wl.weights, ((0, BINS - k), (0, BINS - m)))
+    return dataclasses.replace(wl, prompt_tokens=p, output_tokens=o, weights=w, name="_")
+
+
+WORKLOADS = {name: _workload(name) for name in ("coding", "conversation")}
+
+
+def _with(c, x):
+    """The cluster at x = (n_prompt, n_token, cap_prompt, cap_token, log bandwidth, rate)."""
+    prompt = dataclasses.replace(c.prompt, cap_frac=x[2]) if hasattr(c.prompt, "cap_frac") else c.prompt
+    token = dataclasses.replace(c.token, cap_frac=x[3]) if hasattr(c.token, "cap_frac") else c.token
+    n_t = x[1] if c.kind == "splitwise" else 0.0
+    return c.replace(n_prompt=x[0], n_token=n_t, prompt=prompt, token=token,
+                     transfer=dataclasses.replace(c.transfer, bandwidth_bytes_per_s=jnp.exp(x[4])))
+
+
+def _one(c, wl, x):
+    def summary(x):
+        m = sj.evaluate(_with(c, x), wl.with_rate(x[5]), resolution=RES)
+        logs = jnp.log(jnp.concatenate([m.ttft_s, m.tbt_s, m.e2e_s, m.throughput_rps[None], m.power_kw[None]]))
+        return jnp.sum(logs), m
+
+    (_, m), g = jax.value_and_grad(summary, has_aux=True)(x)
+    return m, g
+
+
+@jax.jit
+def _evaluate_batch(c, wl, xs):
+    """Metrics and gradients at each row of xs (one compile per design kind)."""
+    return jax.vmap(lambda x: _one(c, wl, x))(xs)
+
+
+@st.composite
+def points(draw, design: str):
+    """A base point and three paired changes: more load, fewer prompt machines, fewer
+    token machines (a baseline's second and third rows both remove machines)."""
+    c = sj.make_cluster(design, 1.0, 1.0 if sj.DESIGNS[design].kind == "splitwise" else 0.0)
+    log_uniform = lambda lo, hi: draw(st.floats(math.log(lo), math.log(hi)))  # noqa: E731
+    n_p, n_t = math.exp(log_uniform(0.3, 300.0)), math.exp(log_uniform(0.3, 300.0))
+    caps = [draw(st.floats(float(cap_floor_frac(t.machine.gpu)), 1.0)) for t in (c.prompt, c.token)]
+    log_bw = log_uniform(1e6, 1e12)
+    rate = math.exp(log_uniform(0.01, 2000.0))
+    more_load = draw(st.floats(1.05, 3.0))
+    fewer = draw(st.floats(0.3, 0.95))
+    base = [n_p, n_t, caps[0], caps[1], log_bw, rate]
+    rows = [base, base[:5] + [rate * more_load], [n_p * fewer] + base[1:], base[:1] + [n_t * fewer] + base[2:]]
+    return np.asarray(rows, float)
+
+
+def _run(design: str, workload: str, xs: np.ndarray):
+    c = uniform_names(sj.make_cluster(design, 1.0, 1.0 if sj.DESIGNS[design].kind == "splitwise" else 0.0))
+    return _evaluate_batch(c, WORKLOADS[workload], jnp.asarray(xs, float))
+
+
+def _check_finite(design: str, workload: str, xs: np.ndarray):
+    m, g = _run(design, workload, xs)
+    for name, leaf in m._asdict().items():
+        assert np.all(np.isfinite(np.asarray(leaf))), f"{name} not finite at {xs}"
+    assert np.all(np.isfinite(np.asarray(g))), f"gradient not finite: {np.asarray(g)} at {xs}"
+
+
+def _latency_drops(design: str, workload: str, xs: np.ndarray) -> list[str]:
+    """Percentiles that fall from row 0 to any later row by more than MONO_RTOL."""
+    m, _ = _run(design, workload, xs)
+    base = np.concatenate([np.asarray(getattr(m, k))[0] for k in LATENCY])
+    names = [f"{k[:-2].upper()} P{p}" for k in LATENCY for p in (50, 90, 99)]
+    out = []
+    for i in range(1, len(xs)):
+        after = np.concatenate([np.asarray(getattr(m, k))[i] for k in LATENCY])
+        out += [f"row {i}: {n} {b:.4g} -> {a:.4g}" for n, b, a in zip(names, base, after) if a < b * (1 - MONO_RTOL)]
+    return out
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+@pytest.mark.parametrize("design", sorted(sj.DESIGNS))
+def test_outputs_and_gradients_are_finite_everywhere(design, workload):
+    """Every metric and the gradient of the log latencies, throughput and power are
+    finite over the whole domain (a random search, 6 examples x 4 paired points per
+    design and workload; an exploration of 720 random points found no exception)."""
+    @SETTINGS
+    @given(points(design))
+    def run(xs):
+        _check_finite(design, workload, xs)
+
+    run()
+
+
+# Latency never falls as load rises or machines are removed: where it holds. The
+# Fig. 12 cluster (Splitwise-HH, 26 + 4 machines, coding) from 40 to 70 req/s. (From 40
+# to 55 req/s its TBT P99 falls by 0.11%, 0.4456 -> 0.4451 s: barely past MONO_RTOL, so
+# possibly the low resolution's percentile error; reported, not asserted.)
+_HOLDS = [
+    ("splitwise-hh", "coding", [[26, 4, 1, 1, 23.0, 40.0], [26, 4, 1, 1, 23.0, 70.0], [26, 4, 1, 1, 23.0, 70.0],
+                                [26, 4, 1, 1, 23.0, 70.0]]),
+]
+
+
+@pytest.mark.parametrize("design, workload, xs", _HOLDS, ids=[f"{d}-{w}" for d, w, _ in _HOLDS])
+def test_latency_rises_with_load_at_the_fig12_cluster(design, workload, xs):
+    assert not _latency_drops(design, workload, np.asarray(xs, float))
+
+
+# Where it does not: the first reproducer found for each design and change by a random
+# search of 60 points per design and workload (each a drop far beyond MONO_RTOL). The
+# model's latency falls when load rises or machines are removed in every design; reported
+# to the lead (issue 9) with these points. strict: the day the model is monotone here,
+# these fail and the marks come off.
+_NON_MONOTONE = "the model's latency falls here (issue 9 report); x = (n_p, n_t, cap_p, cap_t, log bw, rate)"
+_VIOLATIONS = [
+    # At operating points: Baseline-H100 (40 machines, coding) from 30 to 45 req/s, TTFT
+    # P90 1.089 -> 1.061 s; Splitwise-HH 26 + 4 at 40 req/s: one prompt machine fewer
+    # lowers TTFT P50 (0.2077 -> 0.2070 s), one token machine fewer lowers TBT and E2E
+    # (E2E P50 1.643 -> 1.632 s).
+    ("baseline-h100", "coding", "rate (operating point)", [40, 0, 1, 1, 23.0, 30.0], [40, 0, 1, 1, 23.0, 45.0]),
+    ("splitwise-hh", "coding", "prompt- (operating point)", [26, 4, 1, 1, 23.0, 40.0], [24, 4, 1, 1, 23.0, 40.0]),
+    ("splitwise-hh", "coding", "token- (operating point)", [26, 4, 1, 1, 23.0, 40.0], [26, 3, 1, 1, 23.0, 40.0]),
+    # Across the domain (random search):
+    ("baseline-a100", "coding", "prompt-", [1.0616, 232.3693, 0.8507, 0.6109, 25.0549, 15.6935],
+     [0.9489, 232.3693, 0.8507, 0.6109, 25.0549, 15.6935]),
+    ("baseline-a100", "conversation", "rate", [4.9416, 121.5353, 0.5787, 0.9123, 21.7669, 1.782],
+     [4.9416, 121.5353, 0.5787, 0.9123, 21.7669, 2.7478]),
+    ("baseline-h100", "conversation", "prompt-", [47.9437, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246],
+     [44.584, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246]),
+    ("baseline-h100", "coding", "rate", [31.2898, 40.0993, 0.4328, 0.9476, 18.3407, 12.4229],
+     [31.2898, 40.0993, 0.4328, 0.9476, 18.3407, 15.5436]),
+    ("splitwise-aa", "conversation", "prompt-", [0.7622, 201.8333, 0.3958, 0.8466, 22.0203, 1.4337],
+     [0.2367, 201.8333, 0.3958, 0.8466, 22.0203, 1.4337]),
+    ("splitwise-aa", "coding", "rate", [66.6964, 1.4081, 0.5023, 0.2752, 27.2039, 9.543],
+     [66.6964, 1.4081, 0.5023, 0.2752, 27.2039, 11.5383]),
+    ("splitwise-aa", "coding", "token-", [66.6964, 1.4081, 0.5023, 0.2752, 27.2039, 9.543],
+     [66.6964, 0.7167, 0.5023, 0.2752, 27.2039, 9.543]),
+    ("splitwise-ha", "coding", "prompt-", [99.0187, 2.2292, 0.3007, 0.7992, 27.1014, 553.9346],
+     [59.4339, 2.2292, 0.3007, 0.7992, 27.1014, 553.9346]),
+    ("splitwise-ha", "conversation", "rate", [0.4881, 101.049, 0.9905, 0.3716, 23.5425, 192.0276],
+     [0.4881, 101.049, 0.9905, 0.3716, 23.5425, 557.8984]),
+    ("splitwise-ha", "coding", "token-", [0.8355, 236.4157, 0.3348, 0.3429, 27.1721, 1090.7127],
+     [0.8355, 86.7204, 0.3348, 0.3429, 27.1721, 1090.7127]),
+    ("splitwise-hh", "conversation", "prompt-", [20.4861, 75.2987, 0.9211, 0.3461, 21.2155, 194.1435],
+     [9.0713, 75.2987, 0.9211, 0.3461, 21.2155, 194.1435]),
+    ("splitwise-hh", "conversation", "rate", [37.6242, 162.2723, 0.6084, 0.9722, 17.2116, 322.3832],
+     [37.6242, 162.2723, 0.6084, 0.9722, 17.2116, 725.6607]),
+    ("splitwise-hh", "conversation", "token-", [204.1863, 3.3318, 0.4193, 0.5648, 23.9938, 10.8512],
+     [204.1863, 2.2448, 0.4193, 0.5648, 23.9938, 10.8512]),
+    ("splitwise-hhcap", "conversation", "prompt-", [21.4853, 237.846, 0.753, 0.6142, 15.2612, 106.828],
+     [12.1601, 237.846, 0.753, 0.6142, 15.2612, 106.828]),
+    ("splitwise-hhcap", "conversation", "rate", [21.4853, 237.846, 0.753, 0.6142, 15.2612, 106.828],
+     [21.4853, 237.846, 0.753, 0.6142, 15.2612, 300.9845]),
+    ("splitwise-hhcap", "coding", "token-", [227.4451, 4.1567, 0.9635, 0.5729, 24.3047, 53.7557],
+     [227.4451, 1.3542, 0.9635, 0.5729, 24.3047, 53.7557]),
+]
+
+
+@pytest.mark.xfail(strict=True, reason=_NON_MONOTONE)
+@pytest.mark.parametrize("design, workload, change, before, after", _VIOLATIONS,
+                         ids=[f"{d}-{w}-{c}" for d, w, c, _, _ in _VIOLATIONS])
+def test_latency_never_falls_known_violations(design, workload, change, before, after):
+    xs = np.asarray([before, after, after, after], float)  # the batch program takes four rows
+    assert not _latency_drops(design, workload, xs)
