@@ -54,7 +54,7 @@ _PROGRAM = textwrap.dedent("""
 def _run(x64: bool) -> dict:
     code = _PROGRAM if not x64 else "import jax; jax.config.update('jax_enable_x64', True)\n" + _PROGRAM
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(POINTS), json.dumps(METRICS)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env={k: v for k, v in _env().items()})
+                          capture_output=True, text=True, timeout=1800, env={k: v for k, v in _env().items()})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
