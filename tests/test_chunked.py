@@ -68,7 +68,7 @@ def timing():
 def state(timing):
     """chunked_state of one H100 machine: (prompt rate, token budget, memory cap) -> state."""
     def f(rate, budget, cap):
-        return chunked_state(timing, 1.0, rate, P_W, P_TOK, P_TOK**2, rate, ITERS, CTX, cap, budget)
+        return chunked_state(timing, 1.0, rate, P_W, P_TOK, P_TOK**2, rate, ITERS, CTX, cap, budget).pool
 
     return jax.jit(f)
 
@@ -124,6 +124,18 @@ def test_a_larger_budget_means_fewer_iterations_per_prompt(state):
     assert all(a > b for a, b in zip(own, own[1:])), own
 
 
+def test_exposed_decoders_see_more_chunks(timing):
+    # Prompts go where the decoders are fewest: the exposed share sees the full prompt
+    # rate, the sheltered rest less, the average decoder in between; at light load the
+    # sheltered decoders see almost none (every machine with a queue is unlikely).
+    cs = chunked_state(timing, 8.0, 8.0, P_W, P_TOK, P_TOK**2, 8.0, ITERS, CTX, 1e6, 512.0)
+    e, m, s = (float(x.step_s) for x in (cs.exposed, cs.pool, cs.sheltered))
+    assert e > m > s >= float(cs.pool.decode_s)
+    assert 0.0 < float(cs.exposed_share) < 1.0
+    light = chunked_state(timing, 8.0, 0.4, P_W, P_TOK, P_TOK**2, 0.4, ITERS, CTX, 1e6, 512.0)
+    assert float(light.sheltered.step_s) < float(light.pool.decode_s) * (1 + 1e-3)
+
+
 def test_memory_caps_the_batch(state):
     st = state(2.0, 512.0, 20.0)
     assert float(st.batch) <= 20.0 and float(st.batch_need) > 20.0
@@ -134,8 +146,10 @@ def outputs(timing):
     """(prompt rate, token budget) -> step, a prompt's own time, queue service time, B, rho;
     and its Jacobian (one compiled derivative program for the tests below)."""
     def f(x):
-        st = chunked_state(timing, 1.0, x[0], P_W, P_TOK, P_TOK**2, x[0], ITERS, CTX, 1e6, x[1])
-        return jnp.stack([st.step_s, st.prompt_s[2], st.mean_prompt_s, st.batch, st.rho_prompt])
+        cs = chunked_state(timing, 1.0, x[0], P_W, P_TOK, P_TOK**2, x[0], ITERS, CTX, 1e6, x[1])
+        st = cs.pool
+        return jnp.stack([st.step_s, st.prompt_s[2], st.mean_prompt_s, st.batch, st.rho_prompt, cs.exposed.step_s,
+                          cs.exposed.interf_mean_s, cs.sheltered.step_s])
 
     return jax.jit(f), jax.jit(jax.jacfwd(f))
 
