@@ -21,7 +21,12 @@ from splitwise_jax.cluster import Resolution as Resolution
 from splitwise_jax.cluster import Scheduling as Scheduling
 from splitwise_jax.cluster import Transfer as Transfer
 from splitwise_jax.cluster import evaluate as evaluate
+from splitwise_jax.chunked import ChunkedScheduling as ChunkedScheduling
 from splitwise_jax.designs import DESIGNS as DESIGNS
+from splitwise_jax.designs import PRESETS as PRESETS
+from splitwise_jax.designs import Design as Design
+from splitwise_jax.designs import Pool as Pool
+from splitwise_jax.designs import build_cluster as build_cluster
 from splitwise_jax.designs import make_cluster as make_cluster
 from splitwise_jax.designs import make_timing as make_timing
 from splitwise_jax.hardware import GPU as GPU
