@@ -232,9 +232,10 @@ def test_chunked_prefill_bounds_tbt_where_whole_prompts_do_not(grid):
 
 def test_agrees_with_the_request_level_simulator(grid):
     # The simulator's chunked-prefill policy (same cluster, same calibrated timing) on a
-    # 120 s Poisson trace of the same workload. Tolerances from studies/chunked_prefill.py
-    # (docs/designs.md): at this point the errors are within 15% at P50 and P90 and
-    # within 25% at P99 (TBT's tail is the weakest: -13% here, up to -25% at 2,048 tokens).
+    # 120 s Poisson trace of the same workload. studies/chunked_prefill.py measured this
+    # point within 8% on all nine percentiles (TTFT -8/-2/+1%, TBT +3/-5/-5%, E2E -2% each);
+    # 15% is about twice that (room for changes to the shared queueing code) and below the
+    # 17-28% of the study's worst well-provisioned points, so a slide to those fails.
     c = make_cluster("chunked-h100", 40.0, chunked_prefill_tokens=512.0)
     tr = trace.poisson(workload("coding"), 70.0, 120.0, seed=0)
     sm = simulate(c.replace(kind="baseline", scheduling=Scheduling()), tr,
@@ -242,7 +243,7 @@ def test_agrees_with_the_request_level_simulator(grid):
     i = np.searchsorted(BUDGETS, 512.0)
     fm = metrics_to_dict(jax.tree.map(lambda x: x[i, 1], grid))
     for met in ("ttft_s", "tbt_s", "e2e_s"):
-        for pc, tol in (("p50", 0.15), ("p90", 0.15), ("p99", 0.25)):
+        for pc, tol in (("p50", 0.15), ("p90", 0.15), ("p99", 0.15)):
             err = fm[met][pc] / sm[met][pc] - 1.0
             assert abs(err) <= tol, (met, pc, fm[met][pc], sm[met][pc])
     assert fm["meets_slo"] == sm["meets_slo"]
