@@ -5,8 +5,9 @@ coarsened workload the optimiser searches and on the full-resolution one. Measur
 once compiled (best of `--repeats`):
 
 * configurations evaluated per second: one jitted `evaluate` per call; the optimiser's
-  batch function (`optimize.spec.assess_batch`, `lax.map` over 64 configurations); and a
-  `vmap` over the same 64 for comparison;
+  batch function (`optimize.spec.assess_batch`, `lax.map` over 64 configurations); a
+  `vmap` over the same 64 for comparison; and `sweep.sweep` of 256 configurations over
+  every local device (one per core: `use_cpu_cores`);
 * the cost of a gradient: jitted `value_and_grad` of a scalar of the metrics (the sum
   of the nine SLO margins) with respect to the pool sizes, over the jitted forward
   alone; and one step of the optimiser (`optimize.gradient._al_round`, a scan of Adam steps on
@@ -25,9 +26,13 @@ import json
 import os
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from splitwise_jax.sweep import use_cpu_cores
+
+N_DEVICES = use_cpu_cores()  # before JAX starts its backend
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -36,9 +41,14 @@ from splitwise_jax.optimize import gradient, spec as S  # noqa: E402
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Problem  # noqa: E402
 from splitwise_jax.cluster import evaluate  # noqa: E402
 from splitwise_jax.designs import make_cluster  # noqa: E402
+from splitwise_jax.sweep import sweep  # noqa: E402
 from splitwise_jax.workload import coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
+
+
+def _sweep_row(row, cluster, wl):
+    return evaluate(cluster.replace(n_prompt=row[0], n_token=row[1]), wl).slo_margin
 
 
 def timed(fn, *args, repeats: int):
@@ -81,11 +91,16 @@ def bench(wl_name: str, bins: int, repeats: int) -> dict:
     b1, b = timed(lambda p: S.assess_batch(p, spec, res), batch, repeats=repeats)
     v1, v = timed(vmapped, batch, repeats=repeats)
     a1, a = timed(lambda *z: gradient._al_round(*z, steps=steps, resolution=res), *al_args, repeats=repeats)
+    n_sweep = 256
+    rows = np.stack([np.linspace(20.0, 38.0, n_sweep), np.linspace(2.0, 10.0, n_sweep)], axis=1)
+    shared = jax.tree.map(np.asarray, (cluster, wl))
+    s1, s = timed(lambda r: sweep(_sweep_row, r, shared), rows, repeats=repeats)
     out.update(
         forward_s=f, forward_compile_s=f1 - f, value_and_grad_s=g, grad_compile_s=g1 - g, grad_over_forward=g / f,
         batch_configs_per_s=S.CHUNK / b, batch_compile_s=b1 - b, vmap_configs_per_s=S.CHUNK / v,
         vmap_compile_s=v1 - v, single_configs_per_s=1.0 / f, al_step_s=a / steps, al_compile_s=a1 - a,
         al_step_over_batch_config=(a / steps) / (b / S.CHUNK),
+        sweep_configs_per_s=n_sweep / s, sweep_compile_s=s1 - s, sweep_devices=N_DEVICES,
     )
     return out
 
@@ -98,12 +113,15 @@ def main():
     cases = [("coding 16x16", 16)] + ([] if SMOKE else [("coding full", 0)])
     rows = [bench(name, bins, args.repeats) for name, bins in cases]
     print(f"{'workload':<14} {'classes':>8} {'cfg/s 1-by-1':>13} {'cfg/s batch':>12} {'cfg/s vmap':>11} "
-          f"{'grad/fwd':>9} {'AL step/cfg':>12} {'compile fwd/grad/batch/AL s':>30}")
+          f"{'cfg/s sweep':>12} {'grad/fwd':>9} {'AL step/cfg':>12} {'compile fwd/grad/batch/AL/sweep s':>34}")
     for r in rows:
-        comp = f"{r['forward_compile_s']:.1f}/{r['grad_compile_s']:.1f}/{r['batch_compile_s']:.1f}/{r['al_compile_s']:.1f}"
+        comp = (f"{r['forward_compile_s']:.1f}/{r['grad_compile_s']:.1f}/{r['batch_compile_s']:.1f}/"
+                f"{r['al_compile_s']:.1f}/{r['sweep_compile_s']:.1f}")
         print(f"{r['workload']:<14} {r['classes']:>8} {r['single_configs_per_s']:>13.0f} {r['batch_configs_per_s']:>12.0f} "
-              f"{r['vmap_configs_per_s']:>11.0f} {r['grad_over_forward']:>9.2f} {r['al_step_over_batch_config']:>12.2f} "
-              f"{comp:>30}")
+              f"{r['vmap_configs_per_s']:>11.0f} {r['sweep_configs_per_s']:>12.0f} {r['grad_over_forward']:>9.2f} "
+              f"{r['al_step_over_batch_config']:>12.2f} {comp:>34}")
+    print(f"sweep: {N_DEVICES} devices ({jax.default_backend()}); goals (issue 12): >= 2,000 cfg/s batched at full "
+          "resolution, gradient <= 3x forward")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

@@ -41,16 +41,18 @@ from jax.scipy.stats import norm
 
 from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
+from splitwise_jax.paper import TABLE_VI_SLO
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.pool import PoolState, pool_state
-from splitwise_jax.percentiles import PERCENTILES, Resolution, busy_table, busy_wait_moments, quantiles
+from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
+                                     merge_routes, quantiles)
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
 from splitwise_jax.timing import PhaseTiming
 from splitwise_jax.workload import Workload
 
 _STATIC = dict(static=True)
-# Splitwise Table VI: slowdown limits at P50, P90, P99 for TTFT, TBT, E2E.
-PAPER_SLO = ((2.0, 3.0, 6.0), (1.25, 1.5, 5.0), (1.25, 1.5, 5.0))
+# Splitwise Table VI: slowdown limits at P50, P90, P99 for TTFT, TBT, E2E (paper.py).
+PAPER_SLO = TABLE_VI_SLO
 
 
 @jax.tree_util.register_dataclass
@@ -385,15 +387,15 @@ def _count_mixture(lam):
     variances of the count, each (_EXACT_COUNTS + 1, *lam.shape).
 
     Tail moments from E[N 1{N >= a}] = lam P(N >= a - 1) and
-    E[N(N - 1) 1{N >= a}] = lam^2 P(N >= a - 2), with P(N >= a) = gammainc(a, lam).
+    E[N(N - 1) 1{N >= a}] = lam^2 P(N >= a - 2), with P(N >= a) from `_poisson_tails`.
     """
     a = _EXACT_COUNTS
     n = jnp.arange(a, dtype=lam.dtype).reshape((a,) + (1,) * lam.ndim)
     log_lam = jnp.log(jnp.maximum(lam, 1e-30))
     exact = jnp.exp(n * log_lam - lam - jax.scipy.special.gammaln(n + 1.0))
-    tail = jax.scipy.special.gammainc(float(a), lam)
-    m1 = lam * jax.scipy.special.gammainc(float(a - 1), lam)
-    m2 = lam**2 * jax.scipy.special.gammainc(float(a - 2), lam) + m1
+    tail_2, tail_1, tail = _poisson_tails(lam, exact)
+    m1 = lam * tail_1
+    m2 = lam**2 * tail_2 + m1
     ok = tail > 1e-30
     safe_tail = jnp.where(ok, tail, 1.0)
     mean_t = jnp.where(ok, jnp.maximum(m1 / safe_tail, a), float(a))
@@ -404,48 +406,92 @@ def _count_mixture(lam):
     return weights, means, variances
 
 
-def _components(cluster, cls: Classes, flows: Flows, res: Resolution):
-    """Mixture components of every metric: per (prompt route, decode route) a block of
-    shape (J, K, M) over counts of prompt iterations sat through, prompt and output
-    classes; every metric uses the same block shape, so one vmapped percentile solver
-    serves all six (three metrics, as times and as slowdowns): one copy to compile."""
+# Below this mean the tail P(N >= _EXACT_COUNTS) is summed as a series (its terms fall
+# by lam / n <= 1/8 each, so 16 terms reach 1e-16 of it); above, 1 - P(N < a) loses at
+# most 1e-16 / P(N >= 4 | lam = 0.5) ~ 6e-14 of it to cancellation.
+_SERIES_BELOW = 0.5
+_SERIES_TERMS = 16
+
+
+def _poisson_tails(lam, exact):
+    """P(N >= a - 2), P(N >= a - 1), P(N >= a) for N ~ Poisson(lam), a = _EXACT_COUNTS,
+    given the atoms P(N = n), n < a: gammainc(a - k, lam) for integer shapes at a
+    hundredth of its cost (jax's gammainc iterates a series or continued fraction,
+    ~0.5 us per element in float64, and dominated the count mixture)."""
+    a = _EXACT_COUNTS
+    small = lam < _SERIES_BELOW
+    lam_s = jnp.where(small, lam, _SERIES_BELOW)  # safe mask: the untaken branch stays finite
+    k = jnp.arange(a, a + _SERIES_TERMS, dtype=lam.dtype).reshape((-1,) + (1,) * lam.ndim)
+    terms = jnp.exp(k * jnp.log(jnp.maximum(lam_s, 1e-30)) - lam_s - jax.scipy.special.gammaln(k + 1.0))
+    tail = jnp.maximum(jnp.where(small, jnp.sum(terms, axis=0), 1.0 - jnp.sum(exact, axis=0)), 0.0)
+    tail_1 = tail + exact[a - 1]
+    return tail_1 + exact[a - 2], tail_1, tail
+
+
+class Mixtures(NamedTuple):
+    """The three latency metrics as mixtures (`percentiles.Mixture`), each in two
+    variants: the time and the slowdown."""
+
+    ttft: Mixture
+    tbt: Mixture
+    e2e: Mixture
+
+
+def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixtures:
+    """Mixture components of every metric, each over only what it depends on:
+    TTFT ends with the prompt: (prompt route, prompt class), with the route's wait.
+    TBT has no prompt wait and does not depend on the prompt route: (decode route,
+    count of prompt iterations sat through x prompt class x output class).
+    E2E: (prompt route x decode route, count x prompt class x output class), with the
+    prompt route's wait. Merging identical components leaves every CDF as it was and
+    halves (TBT) or all but removes (TTFT) the percentile solver's work."""
     jit_rel = cluster.scheduling.service_jitter_rel
     a_ttft, a_tbt = cluster.alone.alone_s(cls.p, cls.p_sq)
     a_e2e = a_ttft[:, None] + a_tbt[:, None] * cls.iters[None, :]
     o = cls.o[None, None, :]
-    blocks = {"ttft": [], "tbt": [], "e2e": []}
-    tables, weights = [], []
-    for pr in flows.prompt_routes:
-        s_k = (pr.backlog_s + pr.state.residual_s + pr.state.prompt_s)[None, :, None]
-        table = busy_table(pr.wait, res)
-        for dr in flows.decode_routes:
-            st = dr.state
-            lam = cls.iters[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]   # (K, M)
-            cw, cm, cv = _count_mixture(lam)                                                  # (J, K, M)
-            dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
-                   + cm * st.interf_mean_s)
-            dec_var = cm * st.interf_var_s2 + cv * st.interf_mean_s**2
-            ttft = jnp.broadcast_to(s_k, dec.shape)
-            e2e = s_k + dec
-            tbt = dec / o
-            blocks["ttft"].append((ttft, jit_rel * ttft))
-            blocks["e2e"].append((e2e, jnp.sqrt((jit_rel * e2e) ** 2 + dec_var)))
-            blocks["tbt"].append((tbt, jnp.sqrt((jit_rel * tbt) ** 2 + dec_var / o**2)))
-            tables.append(table)
-            weights.append(pr.weight[None, :, None] * dr.weight * cls.w[None] * cw)
-    weights = jnp.stack(weights)
-    tabs = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *tables)
-    no_wait = tabs._replace(p_wait=jnp.zeros_like(tabs.p_wait))
-    ones = jnp.ones_like(weights)
-    variants = []
-    for metric, scale in (("ttft", ones), ("tbt", ones), ("e2e", ones), ("ttft", ones * a_ttft[None, None, :, None]),
-                          ("tbt", ones * a_tbt[None, None, :, None]), ("e2e", ones * a_e2e[None, None])):
-        shift = jnp.stack([b_[0] for b_ in blocks[metric]])
-        sd = jnp.stack([b_[1] for b_ in blocks[metric]])
-        variants.append((shift, sd, weights, scale, no_wait if metric == "tbt" else tabs))
-    # (R, J, K, M) -> (R, J K, M): each route's wait law applies to all its components.
-    flat = [tuple(v.reshape(v.shape[0], -1, v.shape[-1]) for v in var[:4]) + (var[4],) for var in variants]
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *flat)
+    decodes = []    # per decode route: decode time, its variance, weight, each (J, K, M)
+    for dr in flows.decode_routes:
+        st = dr.state
+        lam = cls.iters[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]   # (K, M)
+        cw, cm, cv = _count_mixture(lam)                                                  # (J, K, M)
+        dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
+               + cm * st.interf_mean_s)
+        dec_var = cm * st.interf_var_s2 + cv * st.interf_mean_s**2
+        decodes.append((dec, dec_var, dr.weight * cls.w[None] * cw))
+    prompts = [(pr.backlog_s + pr.state.residual_s + pr.state.prompt_s, pr.weight, busy_table(pr.wait, res))
+               for pr in flows.prompt_routes]
+    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+    flat = lambda x: x.reshape(x.shape[0], -1)  # noqa: E731
+
+    # TTFT: weights summed over decode routes, counts and output classes.
+    w_k = sum(jnp.sum(w, axis=(0, 2)) for _, _, w in decodes)
+    s = jnp.stack([jnp.broadcast_to(s_k, cls.p.shape) for s_k, _, _ in prompts])
+    ttft = Mixture(s, jit_rel * s, jnp.stack([pw * w_k for _, pw, _ in prompts]),
+                   jnp.stack([jnp.ones_like(s), jnp.broadcast_to(a_ttft, s.shape)]),
+                   jax.tree_util.tree_map(stack, *[tab for _, _, tab in prompts]))
+
+    # TBT: every prompt route's share summed.
+    w_p = sum(pw for _, pw, _ in prompts)[None, :, None]
+    tbt = jnp.stack([dec / o for dec, _, _ in decodes])
+    tbt_sd = jnp.stack([jnp.sqrt((jit_rel * dec / o) ** 2 + var / o**2) for dec, var, _ in decodes])
+    a_tbt_r = jnp.broadcast_to(a_tbt[None, None, :, None], tbt.shape)
+    tbt = Mixture(flat(tbt), flat(tbt_sd), flat(jnp.stack([w_p * w for _, _, w in decodes])),
+                  jnp.stack([jnp.ones_like(flat(tbt)), flat(a_tbt_r)]), None)
+
+    # E2E: every (prompt route, decode route) pair with its prompt route's wait.
+    e2e, e2e_sd, w_e2e, tabs = [], [], [], []
+    for s_k, pw, tab in prompts:
+        for dec, var, w in decodes:
+            e = s_k[None, :, None] + dec
+            e2e.append(e)
+            e2e_sd.append(jnp.sqrt((jit_rel * e) ** 2 + var))
+            w_e2e.append(pw[None, :, None] * w)
+            tabs.append(tab)
+    e2e = flat(jnp.stack(e2e))
+    a_e2e_r = flat(jnp.broadcast_to(a_e2e[None, None], (len(tabs),) + decodes[0][0].shape))
+    e2e = Mixture(e2e, flat(jnp.stack(e2e_sd)), flat(jnp.stack(w_e2e)), jnp.stack([jnp.ones_like(e2e), a_e2e_r]),
+                  jax.tree_util.tree_map(stack, *tabs))
+    return Mixtures(ttft, tbt, e2e)
 
 
 # Quadrature points over a window for the mean backlog its arrivals find, and the
@@ -482,16 +528,10 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         flows = flows_at(lam * rel * sc, cv2, dt)
         first_route = flows.prompt_routes[0]._replace(backlog_s=backlog)
         flows = flows._replace(prompt_routes=(first_route,) + tuple(flows.prompt_routes[1:]))
-        shift, sd, weights, scale_, tabs = _components(cluster, cls, flows, res)
-        return shift, sd, weights * w, scale_, tabs
+        return Mixtures(*(m._replace(weight=m.weight * w) for m in _components(cluster, cls, flows, res)))
 
     per_window = jax.vmap(one)(prof.rate_rel, prof.cv2, share, mean_backlog, scale)
-
-    def merge(a):  # (W, 6, R, ...) -> (6, W R, ...)
-        a = jnp.moveaxis(a, 0, 1)
-        return a.reshape((a.shape[0], a.shape[1] * a.shape[2]) + a.shape[3:])
-
-    return jax.tree_util.tree_map(merge, per_window)
+    return Mixtures(*(merge_routes(m) for m in per_window))
 
 
 def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):
@@ -564,8 +604,7 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         # Throughput, power and cost are those of the mean rate.
         flows = flows_at(lam, jnp.mean(prof.cv2), prof.window_s * prof.rate_rel.shape[0])
         stacked = _windowed_components(cluster, cls, lam, prof, flows_at, resolution)
-    out = jax.vmap(lambda v: quantiles(*v, resolution))(stacked)
-    ttft, tbt, e2e, sd_ttft, sd_tbt, sd_e2e = (out[i] for i in range(6))
+    (ttft, sd_ttft), (tbt, sd_tbt), (e2e, sd_e2e) = (quantiles(m, resolution) for m in stacked)
     slowdowns = jnp.stack([sd_ttft, sd_tbt, sd_e2e])
     margin = jnp.log(jnp.asarray(slo, float) / slowdowns)
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from splitwise_jax import catalog, kv_transfer, memory
+from splitwise_jax._caps import cap_floor_frac
 from splitwise_jax._validate import check_choice, check_int, check_positive, check_range
 from splitwise_jax.chunked import DEFAULT_TOKEN_BUDGET, ChunkedScheduling
 from splitwise_jax.cluster import Cluster, Scheduling, Transfer
@@ -249,7 +250,7 @@ def make_timing(machine_name: str | Machine, model: str | LLM = "bloom-176b", ca
     check_choice("phase_model", phase_model, PHASE_MODELS)
     machine = machine_name if isinstance(machine_name, Machine) else catalog.get_machine(machine_name)
     llm = _llm(model)
-    check_range("cap_frac", cap_frac, float(machine.gpu.min_cap_w / machine.gpu.tdp_w), 1.0)
+    check_range("cap_frac", cap_frac, float(cap_floor_frac(machine.gpu)), 1.0)
     params, _ = params_for(machine.gpu, llm, params_path)
     cal = CalibratedTiming(params, machine, llm, cap_frac)
     if phase_model == "calibrated":

@@ -149,9 +149,7 @@ def main(argv=None) -> int:
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model)
         pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
     if not a.no_cache:
-        from splitwise_jax.optimize.cli import _enable_cache  # one cache policy for the CLIs
-
-        _enable_cache()
+        _cli.enable_cache()
     ev = jax.jit(evaluate)
     m = ev(cluster, wl, a.horizon)
     d = metrics_to_dict(m)

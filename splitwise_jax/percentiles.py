@@ -1,11 +1,28 @@
 """Latency percentiles of the cluster model's mixtures, and the wait laws they read.
 
-`cluster.evaluate` describes every latency metric as a mixture: per route, component
-(count of prompt iterations sat through x prompt class) and output class, a
-deterministic shift with a small logistic noise, plus the route's prompt wait (an atom
-at zero and a tabulated busy-wait CDF). This module tabulates each route's wait law on
-a log grid and solves the mixture CDF for P50/P90/P99 (quantiles.py: bracketing,
-Illinois refinement, implicit gradients).
+`cluster.evaluate` describes every latency metric as a `Mixture`: per route r and
+component i (request class, count of prompt iterations sat through) a deterministic
+shift with a small logistic noise, plus the route's prompt wait W_r (an atom at zero and
+a tabulated busy-wait CDF):
+
+    F(t) = sum_ri w_ri [(1 - C_r) sigma(1.702 (t s_ri - mu_ri) / sd_ri) + C_r B_r(t s_ri - mu_ri)]
+
+with s = 1 for a time and s = the request's latency alone for a slowdown. This module
+tabulates each route's wait law on a log grid and solves F(t) = q for P50/P90/P99
+(quantiles.py: one table of F brackets all three, safeguarded Newton steps on logit F refine, implicit
+gradients).
+
+Where the time goes (benchmarks/eval_speed.py): a metric has up to
+4 routes x 5 counts x 32 x 32 classes = 20,480 components, and F is evaluated
+`grid_points + 3 refine_iters` times per metric. Three choices keep that cheap:
+
+* each evaluation is written as elementwise work on a (points, components) array
+  followed by one matrix-vector product with the weights (XLA's CPU reductions of a
+  fused elementwise expression ran 3-8x slower than the product);
+* the per-component constants (sigmoid slope and offset, the weights split into the
+  no-wait and wait parts) are computed once per metric, not per evaluation;
+* the search may run in float32 (`Resolution.search_dtype`), the gradient always in the
+  caller's precision.
 """
 
 from __future__ import annotations
@@ -16,10 +33,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax.quantiles import mixture_quantiles
+from splitwise_jax.quantiles import implicit_root, search
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy
 
 PERCENTILES = (0.5, 0.9, 0.99)
+# Logistic scale matching a normal of s.d. 1 at the median: cheaper than erf, as smooth.
+_LOGISTIC = 1.702
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,24 +48,80 @@ class Resolution:
     Attributes:
         window_points: quadrature points over the arrival window.
         table_points: log-spaced points tabulating each pool's wait CDF.
-        grid_points: coarse grid that brackets each percentile.
-        refine_iters: Illinois refinement steps per percentile.
+        grid_points: points of the coarse table of each metric's CDF that brackets
+            its percentiles.
+        zoom_points: points of a second table inside each percentile's bracket.
+        refine_iters: safeguarded Newton steps per percentile (on logit F).
+        lookup_points: points of the same wait CDF resampled uniformly in sqrt(wait),
+            which the percentile solver reads (`BusyTable.fine`). 4,096: in overload
+            the table spans ~2,000 s while the mass sits below a few seconds, and 1,024
+            points left the resampled CDF 1.8e-3 off the log interpolant there (4,096:
+            2.3e-4); a lookup costs the same whatever the table's length.
+        search_dtype: precision of the percentile search ("float32" or None for the
+            inputs' own); the implicit gradient is always in the inputs' precision.
     """
 
     window_points: int = 8
     table_points: int = 64
-    grid_points: int = 24
-    refine_iters: int = 6
+    grid_points: int = 16
+    zoom_points: int = 8
+    refine_iters: int = 3
+    lookup_points: int = 4096
+    search_dtype: str | None = None
 
 
 class BusyTable(NamedTuple):
-    """A route's busy-wait CDF tabulated on a log grid (interpolated per component)."""
+    """A route's busy-wait CDF B(x), x >= 0: tabulated on a log grid from 1e-5 s to
+    `x_max`, linear in log x between its points and linear to zero below the first.
+
+    That interpolant is the model's wait law. The percentile solver reads it resampled
+    on `fine`, a grid uniform in sqrt(x) (index = sqrt(x) * fine_scale, no logarithm):
+    a log inside the same loop as the table lookup kept XLA's CPU code scalar, 4x slower
+    than the lookup alone. Uniform in sqrt(x) so the first points are fine where the log
+    grid is (x_max / L^2) and the last still 2 / L of x_max apart, far finer than the
+    log grid's 20-30% steps; the resampled curve differs from the interpolant by
+    < 1e-3 (tests/test_percentiles.py).
+    """
 
     p_wait: jax.Array
     log_x0: jax.Array
     dlog: jax.Array
     values: jax.Array
     x_max: jax.Array
+    fine: jax.Array        # (L,) B at x_max (l / (L - 1))^2
+    fine_scale: jax.Array  # (L - 1) / sqrt(x_max)
+
+
+class Mixture(NamedTuple):
+    """One latency metric as a mixture over routes and components.
+
+    Attributes:
+        shift: (R, C) deterministic part of each component (s).
+        sd: (R, C) standard deviation of its noise (s).
+        weight: (R, C) probabilities (sum to 1 over all routes and components).
+        scale: (V, R, C): each of V variants of the metric divides the time by this
+            (1 for the time itself, the latency alone for a slowdown).
+        wait: per-route wait tables (fields with leading axis R), or None when the
+            metric includes no prompt wait (TBT).
+    """
+
+    shift: jax.Array
+    sd: jax.Array
+    weight: jax.Array
+    scale: jax.Array
+    wait: BusyTable | None
+
+
+def merge_routes(mix: Mixture) -> Mixture:
+    """Mixtures stacked along a leading axis (W, R, ...) as one mixture over all their
+    routes (W R); the weights must already carry each one's share."""
+    def rows(a):
+        return a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])
+
+    scale = jnp.moveaxis(mix.scale, 0, 1)
+    scale = scale.reshape((scale.shape[0], -1) + scale.shape[3:])
+    wait = None if mix.wait is None else jax.tree_util.tree_map(rows, mix.wait)
+    return Mixture(rows(mix.shift), rows(mix.sd), rows(mix.weight), scale, wait)
 
 
 def busy_table(wm: WaitModel, res: Resolution) -> BusyTable:
@@ -57,41 +132,167 @@ def busy_table(wm: WaitModel, res: Resolution) -> BusyTable:
     log_x0 = jnp.log(1e-5)
     dlog = (jnp.log(x_max) - log_x0) / (res.table_points - 1)
     xs = jnp.exp(log_x0 + dlog * jnp.arange(res.table_points))
-    return BusyTable(wm.p_wait, log_x0, dlog, wait_cdf_busy(xs, wm, res.window_points), x_max)
+    values = wait_cdf_busy(xs, wm, res.window_points)
+    n = res.lookup_points
+    x_fine = x_max * (jnp.arange(n) / (n - 1.0)) ** 2
+    fine = _log_interp(x_fine, log_x0, dlog, values)
+    return BusyTable(wm.p_wait, log_x0, dlog, values, x_max, fine, (n - 1.0) / jnp.sqrt(x_max))
 
 
-def _busy_cdf(x, tab: BusyTable):
-    n = tab.values.shape[0]
-    u = jnp.clip((jnp.log(jnp.maximum(x, 1e-30)) - tab.log_x0) / tab.dlog, 0.0, n - 1.0)
-    i = jnp.clip(jnp.floor(u), 0, n - 2).astype(int)
-    frac = u - i
-    v = tab.values[i] * (1.0 - frac) + tab.values[i + 1] * frac
-    below = jnp.clip(x / jnp.exp(tab.log_x0), 0.0, 1.0)  # linear to zero under the grid
-    return jnp.where(x > jnp.exp(tab.log_x0), v, tab.values[0] * below)
+def _log_interp(x, log_x0, dlog, values):
+    """The model's wait CDF at x: linear in log x between table points, linear to zero
+    below the first, flat beyond the last."""
+    n = values.shape[0]
+    u = jnp.clip((jnp.log(jnp.maximum(x, 1e-30)) - log_x0) / dlog, 0.0, n - 1.0)
+    i = jnp.clip(jnp.floor(u), 0, n - 2).astype(jnp.int32)
+    v = values[i] * (1.0 - (u - i)) + values[i + 1] * (u - i)
+    x0 = jnp.exp(log_x0)
+    return jnp.where(x > x0, v, values[0] * jnp.clip(x / x0, 0.0, 1.0))
 
 
-def quantiles(shift, sd, weight, scale, tabs: BusyTable, res: Resolution):
-    """P50/P90/P99 of sum_j weight_j P((W_r + shift_j + noise_j) / scale_j <= t).
+class _Params(NamedTuple):
+    """What one CDF evaluation reads, computed once per metric variant."""
 
-    Arrays are (R, C, M): routes x components x output classes; `tabs` holds each
-    route's wait law. The noise is logistic with the scale of a normal of s.d. `sd`
-    (1.702 matches the normal's slope at the median): cheaper than erf, equally smooth.
+    slope: jax.Array      # (R C,) 1.702 s / sd
+    offset: jax.Array     # (R C,) 1.702 mu / sd
+    w_atom: jax.Array     # (R C,) w (1 - C_r)
+    scale: jax.Array      # (R C,) s
+    shift: jax.Array      # (R C,) mu (s)
+    k: jax.Array          # (R C,) the route's sqrt-grid index per sqrt(second)
+    w_busy: jax.Array     # (R C,) w C_r
+    route: jax.Array      # (R C,) int: the first row of `values` the component reads
+    values: jax.Array     # (R L,) every route's wait CDF on its sqrt grid, flattened
+    steps: jax.Array      # (R L,) values[l + 1] - values[l]
+
+
+def _params(mix: Mixture, scale, has_wait: bool) -> _Params:
+    r, c = mix.shift.shape
+    flat = lambda a: jnp.broadcast_to(a, (r, c)).reshape(-1)  # noqa: E731
+    slope = flat(_LOGISTIC * scale / mix.sd)
+    offset = flat(_LOGISTIC * mix.shift / mix.sd)
+    if not has_wait:
+        z = jnp.zeros((1,), slope.dtype)
+        return _Params(slope, offset, flat(mix.weight), z, z, z, z, jnp.zeros((1,), jnp.int32), z, z)
+    tab = mix.wait
+    n = tab.fine.shape[-1]
+    c_r = tab.p_wait[:, None]
+    route = jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32)[:, None] * n, (r, c)).reshape(-1)
+    steps = jnp.concatenate([jnp.diff(tab.fine, axis=-1), jnp.zeros((r, 1), tab.fine.dtype)], axis=-1)
+    # x = t s - mu is formed in seconds and scaled to grid units after the square root:
+    # folding k^2 (~1e7 / x_max) into s and mu first costs float32 its digits where
+    # t s and mu nearly cancel (a 9% TTFT error was measured that way).
+    return _Params(slope, offset, flat(mix.weight * (1.0 - c_r)), flat(scale), flat(mix.shift),
+                   flat(tab.fine_scale[:, None]), flat(mix.weight * c_r), route, tab.fine.reshape(-1),
+                   steps.reshape(-1))
+
+
+def _busy_lookup(t, p: _Params, n: int):
+    """Each component's route wait CDF at x = t s - mu, (P, R C), by the sqrt-grid
+    lookup; also that CDF's slope per unit of log t."""
+    x = t * p.scale - p.shift
+    # The floor keeps sqrt's gradient finite where the wait has not begun (x <= 0).
+    root = jnp.sqrt(jnp.maximum(x, 1e-30)) * p.k
+    u = jnp.minimum(root, n - 1.0)
+    i = jnp.minimum(u.astype(jnp.int32), n - 2)
+    j = p.route + i
+    step = p.steps.at[j].get(mode="promise_in_bounds")
+    value = p.values.at[j].get(mode="promise_in_bounds") + step * (u - i)
+    inside = (x > 0) & (root < n - 1.0)
+    # du/dlog t = k t s / (2 sqrt x) = k^2 t s / (2 u).
+    return value, jnp.where(inside, step * (t * p.scale) * p.k * p.k / (2.0 * root), 0.0)
+
+
+def _cdf(log_t, p: _Params, n_table: int):
+    """F at log-times (P,): elementwise (P, R C), then a product with the weights."""
+    t = jnp.exp(log_t)[:, None]
+    f = jax.nn.sigmoid(p.slope * t - p.offset) @ p.w_atom
+    if n_table:
+        f = f + _busy_lookup(t, p, n_table)[0] @ p.w_busy
+    return f
+
+
+def _cdf_slope(log_t, p: _Params, n_table: int):
+    """(F, dF/dlog t) at log-times (P,), for the Newton steps of the search."""
+    t = jnp.exp(log_t)[:, None]
+    s = jax.nn.sigmoid(p.slope * t - p.offset)
+    f = s @ p.w_atom
+    df = (s * (1.0 - s) * (p.slope * t)) @ p.w_atom
+    if n_table:
+        value, d_value = _busy_lookup(t, p, n_table)
+        f = f + value @ p.w_busy
+        df = df + d_value @ p.w_busy
+    return f, df
+
+
+class _Cdf:
+    """``cdf(log_t, params)`` for `quantiles.implicit_root` (a hashable static callable)."""
+
+    def __init__(self, n_table: int):
+        self.n_table = n_table
+
+    def __call__(self, log_t, p):
+        return _cdf(log_t, p, self.n_table)
+
+    def __hash__(self):
+        return hash(("percentiles._Cdf", self.n_table))
+
+    def __eq__(self, other):
+        return isinstance(other, _Cdf) and other.n_table == self.n_table
+
+
+def _bracket(mix: Mixture, scale):
+    """[lo, hi] in s holding every percentile: below every component's left tail, above
+    every right tail plus its route's longest wait. Not differentiated."""
+    shift, sd = mix.shift, mix.sd
+    extra = 0.0
+    if mix.wait is not None:
+        # The longest wait: where the route's table reaches its last value (x_max itself
+        # is a generous bound, 40 var / |drift| near saturation: the grid would be wasted).
+        tab = mix.wait
+        n = tab.fine.shape[-1]
+        last = jnp.sum(tab.fine < tab.fine[:, -1:] - 1e-12, axis=-1) + 1.0
+        longest = tab.x_max * (jnp.minimum(last, n - 1.0) / (n - 1.0)) ** 2
+        extra = (longest * (tab.p_wait > 0))[:, None]
+    # Components without weight (padding classes, empty routes) must not move the
+    # bracket: the search's path, and so its last digits, would depend on them.
+    live = mix.weight > 0
+    lo = 0.5 * jnp.min(jnp.where(live, jnp.maximum(shift - 6.0 * sd, 0.05 * shift) / scale, jnp.inf))
+    hi = 2.0 * jnp.max(jnp.where(live, (shift + 8.0 * sd + extra) / scale, 0.0))
+    return jax.lax.stop_gradient(jnp.log(lo)), jax.lax.stop_gradient(jnp.log(hi))
+
+
+def quantiles(mix: Mixture, res: Resolution = Resolution()):
+    """P50/P90/P99 of each variant of a mixture.
+
+    Args:
+        mix: the metric's mixture (`Mixture`; arrays (R, C), scales (V, R, C)).
+        res: numerical resolution (static).
+
+    Returns:
+        (V, 3) times (or slowdowns), differentiable with respect to every field of
+        `mix` through the implicit function theorem.
+
+    References:
+        Splitwise (ISCA 2024) §VI-A: SLOs on P50/P90/P99 of TTFT, TBT and E2E.
     """
+    has_wait = mix.wait is not None
+    n_table = mix.wait.fine.shape[-1] if has_wait else 0
+    cdf = _Cdf(n_table)
+    qs = jnp.asarray(PERCENTILES, mix.shift.dtype)
+    search_dtype = jnp.dtype(res.search_dtype) if res.search_dtype else mix.shift.dtype
 
-    def cdf_one(t):
-        x = t * scale - shift
-        atom = jax.nn.sigmoid(1.702 * x / sd)
-        busy = jax.vmap(_busy_cdf)(x, tabs)
-        c = tabs.p_wait[:, None, None]
-        return jnp.sum(weight * ((1.0 - c) * atom + c * busy))
+    def one(scale):
+        p = _params(mix, scale, has_wait)
+        llo, lhi = _bracket(mix, scale)
+        p_search = jax.tree_util.tree_map(
+            lambda a: jax.lax.stop_gradient(a.astype(search_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a), p)
+        log_t = search(lambda lt: cdf(lt, p_search), qs.astype(search_dtype), llo.astype(search_dtype),
+                       lhi.astype(search_dtype), res.grid_points, res.refine_iters, zoom_points=res.zoom_points,
+                       logit=True, cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table))
+        log_t = jax.lax.stop_gradient(log_t.astype(mix.shift.dtype))
+        return jnp.exp(implicit_root(cdf, log_t, p))
 
-    def cdf(ts):
-        return jax.vmap(cdf_one)(ts)
-
-    extra = tabs.x_max[:, None, None] * (tabs.p_wait[:, None, None] > 0)
-    lo = 0.5 * jnp.min(jnp.maximum(shift - 6.0 * sd, 0.05 * shift) / scale)
-    hi = 2.0 * jnp.max((shift + 8.0 * sd + extra) / scale)
-    return mixture_quantiles(cdf, jnp.asarray(PERCENTILES), lo, hi, res.grid_points, res.refine_iters)
+    return jax.vmap(one)(mix.scale)
 
 
 def busy_wait_moments(wm: WaitModel, res: Resolution):

@@ -84,6 +84,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from splitwise_jax._caps import cap_floor_frac
 from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos, smooth_min_one
 from splitwise_jax._validate import check_positive, check_range, is_concrete
 from splitwise_jax.batch import Batch
@@ -103,7 +104,7 @@ FIXED_COST_REF_BW_BYTES_PER_S = 2.039e12
 # round-off after 4 over caps from the floor to TDP (tests/test_phases.py checks it);
 # unrolled steps keep jit/vmap/grad plain, and their derivative converges with them.
 _CLOCK_NEWTON_STEPS = 4
-# Same temperature as power.clock_fraction: min(f, 1) within 0.02 x log 2 ~ 1.4%.
+# Temperature of the smooth min(f, 1): within 0.02 x log 2 ~ 1.4% of the hard min.
 _CLOCK_TEMPERATURE = 0.02
 
 
@@ -112,7 +113,7 @@ def check_cap_frac(gpu: GPU, cap_frac) -> None:
     if not (is_concrete(cap_frac) and is_concrete(gpu)):
         return
     # max: a GPU whose fields are arrays (rows of several GPUs) checks against the highest floor
-    lo = float(np.max(np.asarray(gpu.min_cap_w, dtype=float) / np.asarray(gpu.tdp_w, dtype=float)))
+    lo = float(np.max(np.asarray(cap_floor_frac(gpu), dtype=float)))
     check_range("cap_frac", cap_frac, lo, 1.0,
                 unit=f"(fraction of {gpu.name}'s TDP {np.asarray(gpu.tdp_w, dtype=float).max():g} W; "
                      "floor = min_cap_w / tdp_w)")

@@ -5,7 +5,9 @@ Power above idle is proportional to activity: compute utilisation draws
 (Splitwise insight VI: prompt power rises with batch, decode power is flat).
 A cap below the demand lowers the clock until demand fits: power above idle scales
 as clock**dvfs_exponent, so clock = ((cap - idle) / (demand - idle))**(1/dvfs_exponent),
-at most 1 (Splitwise insight VII and Fig. 9; MODELING.md "Power").
+at most 1 (Splitwise insight VII and Fig. 9; MODELING.md "Power"). The capped clock
+itself, with the time components that stretch as 1/clock, is solved in
+`phases.py` (`_CLOCK_NEWTON_STEPS`); this module holds the draw and the accounting.
 
 References:
     Patel et al., Splitwise, ISCA 2024, §III-F, Figs. 8-9.
@@ -15,13 +17,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from splitwise_jax._smooth import safe_pow, smooth_min_one, smooth_min_pos
+from splitwise_jax._smooth import smooth_min_pos
 from splitwise_jax.hardware import GPU, Machine
 from splitwise_jax.params import PhaseParams
-
-# Clock-limit smoothing: min(x, 1) within 0.02 x log 2 ~ 1.4% at x = 1. Smaller makes
-# the kink at "cap just binds" sharper for the optimiser; larger biases uncapped runs.
-_CLOCK_TEMPERATURE = 0.02
 
 
 def power_cap_w(gpu: GPU, cap_frac):
@@ -29,21 +27,10 @@ def power_cap_w(gpu: GPU, cap_frac):
     return cap_frac * gpu.tdp_w
 
 
-def min_cap_frac(gpu: GPU):
-    return gpu.min_cap_w / gpu.tdp_w
-
-
 def power_demand_w(params: PhaseParams, gpu: GPU, u_compute, u_memory):
     """Power one GPU would draw at full clock (W), from utilisations in [0, 1]."""
     activity = params.p_compute_frac * u_compute + params.p_memory_frac * u_memory
     return gpu.idle_w + (gpu.tdp_w - gpu.idle_w) * activity
-
-
-def clock_fraction(params: PhaseParams, gpu: GPU, demand_w, cap_frac=1.0):
-    """Clock as a fraction of maximum under a cap (1 when the cap does not bind)."""
-    headroom = jnp.maximum(power_cap_w(gpu, cap_frac) - gpu.idle_w, 1e-3)
-    need = jnp.maximum(demand_w - gpu.idle_w, 1e-3)
-    return smooth_min_one(safe_pow(headroom / need, 1.0 / params.dvfs_exponent), _CLOCK_TEMPERATURE)
 
 
 def capped_power_w(gpu: GPU, demand_w, cap_frac=1.0):

@@ -163,22 +163,14 @@ def test_latency_rises_with_load_at_the_fig12_cluster(design, workload, xs):
 # these fail and the marks come off.
 _NON_MONOTONE = "the model's latency falls here (issue 9 report); x = (n_p, n_t, cap_p, cap_t, log bw, rate)"
 _VIOLATIONS = [
-    # At operating points: Baseline-H100 (40 machines, coding) from 30 to 45 req/s, TTFT
-    # P90 1.089 -> 1.061 s; Splitwise-HH 26 + 4 at 40 req/s: one prompt machine fewer
-    # lowers TTFT P50 (0.2077 -> 0.2070 s), one token machine fewer lowers TBT and E2E
-    # (E2E P50 1.643 -> 1.632 s).
-    ("baseline-h100", "coding", "rate (operating point)", [40, 0, 1, 1, 23.0, 30.0], [40, 0, 1, 1, 23.0, 45.0]),
-    ("splitwise-hh", "coding", "prompt- (operating point)", [26, 4, 1, 1, 23.0, 40.0], [24, 4, 1, 1, 23.0, 40.0]),
+    # At an operating point: Splitwise-HH 26 + 4 at 40 req/s: one token machine fewer
+    # lowers TBT and E2E (E2E P50 1.643 -> 1.632 s with the previous solver).
     ("splitwise-hh", "coding", "token- (operating point)", [26, 4, 1, 1, 23.0, 40.0], [26, 3, 1, 1, 23.0, 40.0]),
     # Across the domain (random search):
     ("baseline-a100", "coding", "prompt-", [1.0616, 232.3693, 0.8507, 0.6109, 25.0549, 15.6935],
      [0.9489, 232.3693, 0.8507, 0.6109, 25.0549, 15.6935]),
-    ("baseline-a100", "conversation", "rate", [4.9416, 121.5353, 0.5787, 0.9123, 21.7669, 1.782],
-     [4.9416, 121.5353, 0.5787, 0.9123, 21.7669, 2.7478]),
     ("baseline-h100", "conversation", "prompt-", [47.9437, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246],
      [44.584, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246]),
-    ("baseline-h100", "coding", "rate", [31.2898, 40.0993, 0.4328, 0.9476, 18.3407, 12.4229],
-     [31.2898, 40.0993, 0.4328, 0.9476, 18.3407, 15.5436]),
     ("splitwise-aa", "conversation", "prompt-", [0.7622, 201.8333, 0.3958, 0.8466, 22.0203, 1.4337],
      [0.2367, 201.8333, 0.3958, 0.8466, 22.0203, 1.4337]),
     ("splitwise-aa", "coding", "rate", [66.6964, 1.4081, 0.5023, 0.2752, 27.2039, 9.543],
@@ -204,6 +196,26 @@ _VIOLATIONS = [
     ("splitwise-hhcap", "coding", "token-", [227.4451, 4.1567, 0.9635, 0.5729, 24.3047, 53.7557],
      [227.4451, 1.3542, 0.9635, 0.5729, 24.3047, 53.7557]),
 ]
+
+
+# Former entries of the list above that hold since the percentile solver converges
+# (issue 12: the previous solver stopped up to 2% short of the root, which is what
+# lowered these latencies, not the model): kept as checks that they stay monotone.
+_FORMER_VIOLATIONS = [
+    ("baseline-h100", "coding", "rate (operating point)", [40, 0, 1, 1, 23.0, 30.0], [40, 0, 1, 1, 23.0, 45.0]),
+    ("splitwise-hh", "coding", "prompt- (operating point)", [26, 4, 1, 1, 23.0, 40.0], [24, 4, 1, 1, 23.0, 40.0]),
+    ("baseline-a100", "conversation", "rate", [4.9416, 121.5353, 0.5787, 0.9123, 21.7669, 1.782],
+     [4.9416, 121.5353, 0.5787, 0.9123, 21.7669, 2.7478]),
+    ("baseline-h100", "coding", "rate", [31.2898, 40.0993, 0.4328, 0.9476, 18.3407, 12.4229],
+     [31.2898, 40.0993, 0.4328, 0.9476, 18.3407, 15.5436]),
+]
+
+
+@pytest.mark.parametrize("design, workload, change, before, after", _FORMER_VIOLATIONS,
+                         ids=[f"{d}-{w}-{c}" for d, w, c, _, _ in _FORMER_VIOLATIONS])
+def test_latency_never_falls_former_violations(design, workload, change, before, after):
+    xs = np.asarray([before, after, after, after], float)  # the batch program takes four rows
+    assert not _latency_drops(design, workload, xs)
 
 
 @pytest.mark.xfail(strict=True, reason=_NON_MONOTONE)

@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -44,18 +42,6 @@ def _parse_slo(text: str) -> tuple:
     if not all(np.isfinite(v) and v > 0 for v in vals):
         raise ValueError(f"--slo must be {_SLO_HELP}, got {text!r}")
     return tuple(tuple(vals[3 * i:3 * i + 3]) for i in range(3))
-
-
-def _enable_cache():
-    """Persistent XLA cache: a second run skips compilation (the Fig. 12 problem then
-    answers in a few seconds from process start). SPLITWISE_JAX_CACHE moves it."""
-    path = Path(os.environ.get("SPLITWISE_JAX_CACHE", Path.home() / ".cache" / "splitwise_jax" / "xla"))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _parse_budgets(text: str) -> tuple[float, ...]:
@@ -232,7 +218,7 @@ def main(argv=None) -> int:
                 make_spec(clusters[d], wl, problem)
 
     if not args.no_cache:
-        _enable_cache()
+        _cli.enable_cache()
     progress = not args.quiet and not (args.json and not sys.stderr.isatty())
     bins_text = "all workload classes" if not args.bins else f"{len(wl.prompt_tokens)}x{len(wl.output_tokens)} classes"
     load = (f"at {float(np.asarray(wl.rate_per_s)) if problem.rate_per_s is None else problem.rate_per_s:g} req/s"

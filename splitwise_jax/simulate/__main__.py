@@ -40,24 +40,6 @@ def _whole_machines(text: str) -> int:
     return int(round(v))
 
 
-def _enable_cache() -> None:
-    """Persistent XLA cache (the one `optimize` uses; SPLITWISE_JAX_CACHE moves it): the
-    timing tables, alone times and power compile once per machine, then load in
-    milliseconds (a 2-minute trace then runs in ~1 s of work after JAX's import)."""
-    import os
-    from pathlib import Path
-
-    import jax
-
-    path = Path(os.environ.get("SPLITWISE_JAX_CACHE", Path.home() / ".cache" / "splitwise_jax" / "xla"))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES
 
@@ -164,7 +146,7 @@ def main(argv=None) -> int:
                                phase_model=a.phase_model, transfer_mode=a.transfer)
         config = SimConfig(chunked_prefill_tokens=a.chunked_prefill)
     if not a.no_cache:
-        _enable_cache()
+        _cli.enable_cache()
     show = (a.progress or len(tr) >= PROGRESS_FROM_REQUESTS) and not a.no_progress
     res = simulate(cluster, tr, config, progress=show)
     d = res.metrics
