@@ -14,7 +14,8 @@ gradients).
 
 Where the time goes (benchmarks/eval_speed.py): a metric has up to
 4 routes x 5 counts x 32 x 32 classes = 20,480 components, and F is evaluated
-`grid_points + 3 refine_iters` times per metric. Three choices keep that cheap:
+at `grid_points + 3 zoom_points + 3 (refine_iters + 1)` points per metric (the Newton
+steps also read its slope). Three choices keep that cheap:
 
 * each evaluation is written as elementwise work on a (points, components) array
   followed by one matrix-vector product with the weights (XLA's CPU reductions of a
