@@ -45,14 +45,17 @@ def search(cdf: Callable, qs, llo, lhi, grid_points: int = 16, refine_iters: int
            zoom_points: int = 0, cdf_slope: Callable | None = None, logit: bool = True):
     """log t with cdf(log t) = q for each q in qs; no gradient (the caller stops it).
 
-    1. The CDF tabulated on `grid_points` log-spaced points brackets every q.
-    2. The first guess interpolates logit F linearly in log t inside the bracket: a
-       log-logistic component, and the tails of the mixtures here, are straight lines
-       there, so the guess starts close.
-    3. `refine_iters` safeguarded Newton steps on logit F (quadratic convergence; a step
-       that would leave the bracket, which every evaluation shrinks, falls back to the
-       secant of the bracket, so the answer never leaves it); without `cdf_slope`,
-       Illinois steps on logit F instead (superlinear, one CDF evaluation per step).
+    1. The CDF tabulated on `grid_points` log-spaced points brackets every q; with
+       `zoom_points`, a second table inside each bracket narrows it.
+    2. The first guess interpolates logit F (or F, `logit=False`) linearly in log t
+       inside the bracket: a log-logistic component, and the tails of the mixtures
+       here, are straight lines in logit F, so the guess starts close.
+    3. With `cdf_slope`: `refine_iters` safeguarded Newton steps (a step that would
+       leave the bracket, which every evaluation shrinks, falls back to the secant, or
+       to the midpoint when the bracket has not halved since the step before); the
+       last iterate is evaluated and the answer interpolated inside the final bracket,
+       so it never leaves it. Without: Illinois steps (superlinear, one CDF evaluation
+       per step), the answer interpolated inside the final bracket.
 
     Args:
         cdf: maps log-times of shape (P,) to CDF values (P,), non-decreasing.
