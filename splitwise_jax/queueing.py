@@ -9,9 +9,12 @@ pending work behaves like a central M/G/c queue. Its waiting time is modelled as
 where C is the probability of waiting (Sakasegawa's approximation of Erlang C, smooth
 in c and rho) and R(u) is the *workload* seen by an arrival at time u after the start
 of the arrival window: a reflected Brownian motion started empty, with drift
-m = lambda E[S] - c (work per second) and variance s^2 = lambda E[S]^2 (ca^2 + cs^2)
-per second (the heavy-traffic diffusion limit, which reproduces Kingman's mean wait in
-steady state). Arrivals are uniform over the window [0, T], so the wait distribution
+m = lambda E[S] - c (work per second) and variance s^2 = c E[S] (ca^2 + cs^2) max(rho, 1)
+per second: the heavy-traffic diffusion of the workload, lambda E[S]^2 (ca^2 + cs^2), taken
+over the busy time (divided by P(busy) ~ rho) because R is the wait *given* that the
+arrival waits; C x its stationary mean is then Kingman's mean wait (exact for M/G/1) and
+Erlang C's for M/M/c. In overload every arrival waits and the unconditional variance
+applies. Arrivals are uniform over the window [0, T], so the wait distribution
 is the average of R(u) over u, taken by midpoint quadrature.
 
 Why a diffusion rather than Pollaczek-Khinchine/Allen-Cunneen: the transient RBM law
@@ -36,7 +39,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from splitwise_jax._smooth import safe_pow, smooth_min_one
+from splitwise_jax._smooth import safe_pow, smooth_min_one, softplus
 
 # Temperature of min(C, 1): C overshoots 1 only when rho > 1, where waiting is certain.
 _C_TEMPERATURE = 0.01
@@ -80,7 +83,13 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
     c = jnp.maximum(servers, 1e-6)
     rho = arrival_rate * mean_service_s / c
     drift = rho - 1.0
-    var = arrival_rate * mean_service_s**2 * (arrival_cv2 + scv_service) / c**2
+    # Conditional on waiting: the diffusion of the busy period's workload. Its variance per
+    # second is E[S] (ca^2 + cs^2) / c, the unconditional lambda E[S]^2 (ca^2 + cs^2) / c^2
+    # over P(busy) ~ rho, so that P(wait) x (its stationary mean E[S] (ca^2 + cs^2) /
+    # (2 c (1 - rho))) is Kingman's / Erlang C's mean wait; in overload (rho > 1, every
+    # arrival waits) it is the unconditional rho x that, max(rho, 1) taken smoothly.
+    busy = 1.0 + softplus(rho - 1.0, _C_TEMPERATURE)
+    var = mean_service_s * (arrival_cv2 + scv_service) / c * busy
     return WaitModel(prob_wait(rho, c), drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
 
 
