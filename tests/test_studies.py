@@ -5,9 +5,9 @@ it must exit 0 and write its PNGs and non-empty CSVs with the expected columns. 
 notebooks are executed with nbclient on the default "python3" kernel (ipykernel's spec,
 which jupyter_client starts with this interpreter) in smoke mode.
 
-All runs share one JAX persistent compilation cache (a temporary folder), so a program
-compiled by one script (the shared vmapped `evaluate` of studies/_common.py) is loaded,
-not recompiled, by the next: the whole file stays within a few minutes on 2 cores.
+All runs share the session's JAX persistent compilation cache (tests/conftest.py), so a
+program compiled by one script (the shared vmapped `evaluate` of studies/_common.py) is
+loaded, not recompiled, by the next.
 None of this needs the shared data folder (the studies use the shipped calibration and
 workloads); the tour notebook uses the measured profiles only when they are present.
 """
@@ -78,12 +78,10 @@ NOTEBOOK_NAMES = ("tour", "kv_transfer", "latency_vs_load", "bandwidth_sensitivi
 
 
 @pytest.fixture(scope="module")
-def smoke_env(tmp_path_factory):
-    """Environment of every run: smoke mode and one persistent compilation cache."""
-    cache = tmp_path_factory.mktemp("jax_cache")
+def smoke_env():
+    """Environment of every run: smoke mode (the session's compilation cache is inherited: conftest.py)."""
     env = dict(os.environ)
-    env.update(SPLITWISE_SMOKE="1", JAX_COMPILATION_CACHE_DIR=str(cache),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", MPLBACKEND="Agg")
+    env.update(SPLITWISE_SMOKE="1", MPLBACKEND="Agg")
     return env
 
 
