@@ -489,18 +489,22 @@ _PIN_BATCHES = {
 }
 
 
-def test_dense_paper_models_are_bit_identical_to_the_calibrated_model():
+def test_dense_paper_models_match_their_pins_to_the_last_bits():
     """BLOOM-176B and Llama2-70B on DGX-A100/H100 give exactly (float64, eager) the
     latency, power and time components pinned before MoE, precisions and MLA were added
     (tests/fixtures/make_dense_pins.py): the shipped calibration was fitted to them.
-    Tolerance: none (bit equality via float.hex)."""
+    Tolerance: 4 units in the last place. The pins were made with XLA's default
+    optimisation; the suite compiles at LLVM level 0 (tests/conftest.py), whose
+    exp/log/pow code differs from the default's in the last bit (measured: 2-3 ulp on the
+    DVFS clock and the latency downstream of it). Any change to the model itself moves
+    these by many orders of magnitude more."""
     for pin in _PINS["iterations"]:
         machine = catalog.get_machine(pin["machine"])
         r = iteration(default_params(machine.gpu.name), machine, catalog.get_llm(pin["llm"]),
                       _PIN_BATCHES[pin["batch"]](), tp=pin["tp"], cap_frac=pin["cap_frac"])
-        got = {k: float(getattr(r, k)).hex() for k in r._fields}
-        want = {k: pin[k] for k in r._fields}
-        assert got == want, pin
+        got = np.array([float(getattr(r, k)) for k in r._fields])
+        want = np.array([float.fromhex(pin[k]) for k in r._fields])
+        np.testing.assert_array_max_ulp(got, want, maxulp=4)
 
 
 # ---- models and machines beyond the paper: physical sanity --------------------------------
