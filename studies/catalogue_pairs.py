@@ -157,7 +157,13 @@ def main(argv=None) -> int:
     machines = args.machines.split(",") if args.machines else catalog.machine_names()
     pairs = SMOKE_PAIRS if C.SMOKE else [(m, l) for l in models for m in machines]
     rows = []
-    for machine, model in pairs:
+    for k, (machine, model) in enumerate(pairs):
+        if k and model != pairs[k - 1][1]:
+            # Each model compiles its own programs; on CPU every loaded executable holds
+            # memory mappings, and a process of ~4 models' programs reaches Linux's
+            # default vm.max_map_count (65,530): LLVM then fails with "Unable to
+            # allocate section memory". The previous model's programs are not needed again.
+            jax.clear_caches()
         r = one_pair(machine, model)
         rows.append(r)
         print(f"{machine:<10} {model:<14} {'fits' if r['fits'] else 'fp8 ':<5} optimize exit {r['optimize_exit']} "
@@ -165,7 +171,11 @@ def main(argv=None) -> int:
               f"  evaluate exits {r.get('splitwise_exit', '-')}/{r.get('chunked_exit', '-')}  "
               f"({r['optimize_s']:.0f} s)  {r.get('optimize_message', '')}", flush=True)
     pairs_df = pd.DataFrame(rows)
-    order = pd.concat([ordering(l, machines) for l in (sorted({l for _, l in pairs}))], ignore_index=True)
+    orders = []
+    for l in sorted({l for _, l in pairs}):
+        jax.clear_caches()  # as above: one model's programs at a time
+        orders.append(ordering(l, machines))
+    order = pd.concat(orders, ignore_index=True)
     faster = order[order["machine"].isin(("dgx-b200", "dgx-h200"))]
     bad = faster[faster["worst_ratio_to_h100"] > 1.0 + 1e-9]
     C.print_frame(order.groupby(["model", "machine"])["worst_ratio_to_h100"].max().reset_index(),
