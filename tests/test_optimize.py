@@ -15,6 +15,7 @@ import pytest
 
 from splitwise_jax import optimize as O
 from splitwise_jax.optimize.gradient import _al_round
+from splitwise_jax.optimize.integer import full_resolution_step_up
 from splitwise_jax.optimize.report import _candidate_dict
 from splitwise_jax.optimize.spec import assess_batch
 from splitwise_jax.designs import make_cluster
@@ -91,6 +92,22 @@ def test_pruned_grid_is_exact(wl):
     pruned = O.grid_search(cluster, wl, problem, CONFIG, incumbent=res.best, prune=True)
     assert pruned.cells_evaluated < full.cells_evaluated
     assert pruned.best[:7] == full.best[:7]
+
+
+def test_step_up_reaches_the_nearest_answer_that_meets_every_limit(wl):
+    """`full_resolution_step_up` (what the CLI does when the coarse-class answer fails at
+    full resolution), given an answer one prompt machine short (infeasible: the optimum
+    is binding), returns a feasible neighbour that costs what the optimum does (HH: both
+    pools the same machine price), and nothing for the throughput objective."""
+    cluster = make_cluster("splitwise-hh", 1, 1)
+    problem = O.Problem("cost", max_machines=MAX)
+    best = O.optimize(cluster, wl, problem, CONFIG).best
+    short = best._replace(prompt_machines=best.prompt_machines - 1)
+    assert not O.evaluate_candidate(cluster, wl, short, problem, CONFIG).feasible
+    up = full_resolution_step_up(cluster, wl, short, problem, CONFIG)
+    assert up is not None and up.feasible and bool(up.metrics.meets_slo)
+    assert up.cost_per_hour == pytest.approx(best.cost_per_hour, rel=1e-12)
+    assert full_resolution_step_up(cluster, wl, short, O.Problem("throughput", power_budget_kw=100.0), CONFIG) is None
 
 
 def test_designs_of_one_kind_share_one_compilation(wl):

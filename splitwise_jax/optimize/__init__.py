@@ -38,6 +38,7 @@ from splitwise_jax.optimize.compare import headline_ratios as headline_ratios
 from splitwise_jax.optimize.compare import problem_kind as problem_kind
 from splitwise_jax.optimize.gradient import optimize as optimize
 from splitwise_jax.optimize.integer import evaluate_candidate as evaluate_candidate
+from splitwise_jax.optimize.integer import full_resolution_step_up as full_resolution_step_up
 from splitwise_jax.optimize.integer import evaluate_plane as evaluate_plane
 from splitwise_jax.optimize.integer import grid_search as grid_search
 from splitwise_jax.optimize.integer import same_answer as same_answer

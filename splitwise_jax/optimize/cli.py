@@ -24,7 +24,7 @@ from splitwise_jax.optimize.compare import compare_designs, headline_ratios, pro
 from splitwise_jax.optimize.confidence import check_confidence
 from splitwise_jax.optimize.pareto import parse_objectives
 from splitwise_jax.optimize.gradient import optimize
-from splitwise_jax.optimize.integer import evaluate_candidate, grid_search
+from splitwise_jax.optimize.integer import evaluate_candidate, full_resolution_step_up, grid_search
 from splitwise_jax.optimize.problem import FREE_CAPS, OBJECTIVES, Problem, SolverConfig
 from splitwise_jax.optimize.report import _label, _print_compare, _print_result, _result_dict, plot_compare, plot_plane
 from splitwise_jax.optimize.spec import free_flags, make_spec
@@ -264,8 +264,18 @@ def main(argv=None) -> int:
     cluster = clusters[args.design]
     opt_wall = time.perf_counter() - t0
     full = None
+    stepped = None
     if args.bins and res.best is not None:
         full = evaluate_candidate(cluster, wl_full, res.best, problem, config)
+        if not full.feasible:
+            # The coarse-class answer misses a limit at full resolution: the cheapest
+            # configuration with up to two more machines per pool that meets them all.
+            up = full_resolution_step_up(cluster, wl_full, res.best, problem, config)
+            if up is not None:
+                stepped = dict(searched=[res.best.prompt_machines, res.best.token_machines],
+                               answer=[up.prompt_machines, up.token_machines])
+                res = dataclasses.replace(res, best=up, metrics=up.metrics)
+                full = up
     grid = None
     if args.verify:
         grid = grid_search(cluster, wl, problem, config, incumbent=res.best, prune=not args.no_prune,
@@ -284,6 +294,8 @@ def main(argv=None) -> int:
         d = _result_dict(res, cluster.kind == "splitwise", full, grid, opt_wall)
         d.update(workload=args.workload, problem=dict(kind=problem_kind(problem), **dataclasses.asdict(problem)),
                  bins=args.bins, wall_s_from_start=time.perf_counter() - t_start)
+        if stepped is not None:
+            d["stepped_up_at_full_resolution"] = stepped
         if fig12:
             d["paper"] = {k: paper.FIG12[k] for k in ("prompt_machines", "token_machines")}
         if sim_check is not None:
@@ -304,6 +316,10 @@ def main(argv=None) -> int:
         name = _label(args.design) if args.design in DESIGNS else args.design
         _print_result(res, cluster, f"{name} on {args.workload}: {goal} {load} ({bins_text})",
                       full, grid, opt_wall, bins_text, fig12)
+        if stepped is not None:
+            print(f"  the search's answer ({stepped['searched'][0]} + {stepped['searched'][1]} machines, on "
+                  f"{bins_text}) missed a limit at full resolution; stepped up to the cheapest neighbour "
+                  f"that meets every one: {stepped['answer'][0]} + {stepped['answer'][1]}")
         if sim_check is not None:
             print(sim_check[0])
         print("\n".join("  " + line for line in _design_args.pool_lines(_answer_pools(cluster, res,
