@@ -14,7 +14,9 @@ of XLA compilation and ~0.2 s of running), so it compiles with LLVM's optimisati
 level 0 (`--xla_backend_optimization_level=0`, set before JAX starts its backend and
 inherited by every subprocess): measured on the 2-core machine, a gradient program
 compiles in 47 s instead of 81 s (loaded machine; 35 vs 41 s idle) and runs 7% slower.
-The arithmetic is the same (no fast-math either way); users' runs keep XLA's default.
+The operations are the same (no fast-math either way), but the generated exp/log/pow
+code differs in the last 2-3 bits (tests/test_phases.py's pins allow 4 ulp for it);
+users' runs keep XLA's default.
 `SPLITWISE_TEST_XLA_OPT=1` turns this off.
 """
 
