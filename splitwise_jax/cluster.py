@@ -46,7 +46,7 @@ from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos
 from splitwise_jax.pool import PoolState, pool_state
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
-from splitwise_jax.queueing import WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.queueing import Burstiness, WaitModel, wait_cdf_busy, wait_model
 from splitwise_jax.timing import PhaseTiming
 from splitwise_jax.workload import Workload
 
@@ -512,7 +512,8 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     """
     share = prof.rate_rel / jnp.sum(prof.rate_rel)
     dt = prof.window_s
-    first = jax.vmap(lambda rel, cv2: flows_at(lam * rel, cv2, dt).st_p.rho_prompt)(prof.rate_rel, prof.cv2)
+    bursts = Burstiness(prof.idc, jnp.broadcast_to(prof.idc_scale_s, prof.idc.shape))
+    first = jax.vmap(lambda rel, b: flows_at(lam * rel, b, dt).st_p.rho_prompt)(prof.rate_rel, bursts)
     u = dt * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
 
     def step(backlog, rho):
@@ -524,13 +525,13 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     _, (mean_backlog, served) = jax.lax.scan(step, jnp.asarray(0.0), first)
     scale = served / jnp.maximum(first, 1e-9)
 
-    def one(rel, cv2, w, backlog, sc):
-        flows = flows_at(lam * rel * sc, cv2, dt)
+    def one(rel, b, w, backlog, sc):
+        flows = flows_at(lam * rel * sc, b, dt)
         first_route = flows.prompt_routes[0]._replace(backlog_s=backlog)
         flows = flows._replace(prompt_routes=(first_route,) + tuple(flows.prompt_routes[1:]))
         return Mixtures(*(m._replace(weight=m.weight * w) for m in _components(cluster, cls, flows, res)))
 
-    per_window = jax.vmap(one)(prof.rate_rel, prof.cv2, share, mean_backlog, scale)
+    per_window = jax.vmap(one)(prof.rate_rel, bursts, share, mean_backlog, scale)
     return Mixtures(*(merge_routes(m) for m in per_window))
 
 
@@ -602,7 +603,8 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         # A trace's own arrival curve: the model window by window (each window's rate,
         # burstiness and length), latencies the arrival-weighted mixture over windows.
         # Throughput, power and cost are those of the mean rate.
-        flows = flows_at(lam, jnp.mean(prof.cv2), prof.window_s * prof.rate_rel.shape[0])
+        mean_idc = jnp.dot(prof.rate_rel, prof.idc) / jnp.sum(prof.rate_rel)  # as the arrivals see it
+        flows = flows_at(lam, Burstiness(mean_idc, prof.idc_scale_s), prof.window_s * prof.rate_rel.shape[0])
         stacked = _windowed_components(cluster, cls, lam, prof, flows_at, resolution)
     (ttft, sd_ttft), (tbt, sd_tbt), (e2e, sd_e2e) = (quantiles(m, resolution) for m in stacked)
     slowdowns = jnp.stack([sd_ttft, sd_tbt, sd_e2e])

@@ -69,28 +69,103 @@ def prob_wait(rho, servers):
     return smooth_min_one(safe_pow(rho, expo), _C_TEMPERATURE)
 
 
+class Burstiness(NamedTuple):
+    """A measured arrival stream's burstiness at the time scales a queue sees: its index
+    of dispersion of counts, IDC(tau) = Var N(tau) / E N(tau), on log-spaced scales
+    (1 for Poisson at every scale; 2 m - 1 at every scale for Poisson batches of
+    geometric size with mean m). `wait_model` reads it at tau = E[S].
+
+    Attributes:
+        idc: (L,) IDC at each scale.
+        scale_s: (L,) the scales tau (s), increasing.
+    """
+
+    idc: jnp.ndarray
+    scale_s: jnp.ndarray
+
+    def at(self, tau_s):
+        """IDC at tau_s, linear in log tau between scales, the end values outside."""
+        log_s = jnp.log(self.scale_s)
+        return jnp.interp(jnp.log(jnp.maximum(tau_s, 1e-30)), log_s, self.idc)
+
+
+# Smoothing (in units of IDC) of max(IDC - 1, 0) in `burst_size`: x^2 / (x + delta) for
+# x > 0, 0 below; C1 at x = 0 and exactly 0 for Poisson or smoother counts.
+_BURST_SMOOTH = 0.1
+
+
+def burst_size(idc):
+    """Mean batch size m of Poisson batches of geometric size with the given index of
+    dispersion (IDC = E[B^2] / E[B] = 2 m - 1; such a stream's inter-arrival ca^2 is also
+    2 m - 1): m = 1 (no bursts) for IDC <= 1, smoothly (C1) above."""
+    x = jnp.asarray(idc, float) - 1.0
+    pos = x > 0.0
+    xs = jnp.where(pos, x, 1.0)  # safe mask: the untaken branch stays finite
+    return 1.0 + 0.5 * jnp.where(pos, xs * xs / (xs + _BURST_SMOOTH), 0.0)
+
+
 def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, horizon_s) -> WaitModel:
     """Wait law of a c-server FCFS queue.
+
+    With a scalar ca^2 the arrivals are a renewal stream and the law is Kingman's (module
+    docstring). With a measured `Burstiness` (a trace's windows), they are read as Poisson
+    batches: the IDC at the queue's own time scale E[S] gives the mean batch m =
+    (IDC + 1) / 2 (`burst_size`); arrivals closer together than a service time are what
+    make a request wait behind others at light load. A request finds J others of its own
+    burst ahead of it, J geometric with P(J >= j) = q^j, q = 1 - 1/m (the size-biased
+    view of a geometric batch). It waits when the burst finds every server busy
+    (Sakasegawa's C) or when J reaches the free servers, f = c (1 - rho) / (1 - C) on
+    average when not all are busy: P(wait) = 1 - (1 - C)(1 - q^f). The mean wait is
+
+        E[S] / (c (1 - rho)) x [C (a + cs^2) / 2 + C (m - 1) + (1 - C) m q^f]
+
+    with a = IDC - 2 (m - 1) (~1: the non-burst part). A burst that finds every server
+    busy queues whole (its J ahead, mean m - 1, shared by c servers: the M^X/G/1 term);
+    one that finds servers free makes only its requests beyond the f-th wait
+    (E[(J - f + 1)^+] = m q^f). With one server this is the exact M^X/G/1 mean wait; in
+    overload (C = 1) the variance is Kingman's with ca^2 = IDC. Against a simulated
+    M^X/M/c queue (tests/test_queueing.py): P(wait) within 0.06, the mean within the
+    simulation's noise, for bursts of 10-25 on 1-10 servers; small bursts (m = 3) on 10
+    servers wait more often than this says (mean wait 50-57% low). References: Cooper,
+    "Introduction to Queueing Theory", §5.2 (M^X/G/1); Whitt, "The queueing network
+    analyzer", BSTJ 62 (1983) (IDC of a batch stream).
 
     Args:
         arrival_rate: jobs per second into the pool.
         mean_service_s: E[S], seconds.
         scv_service: squared coefficient of variation of S.
         servers: c (continuous; machines in the pool).
-        arrival_cv2: ca^2 of inter-arrival times (1 = Poisson).
+        arrival_cv2: ca^2 of inter-arrival times of a renewal stream (1 = Poisson), or a
+            `Burstiness`.
         horizon_s: arrival window T, seconds.
     """
     c = jnp.maximum(servers, 1e-6)
     rho = arrival_rate * mean_service_s / c
     drift = rho - 1.0
-    # Conditional on waiting: the diffusion of the busy period's workload. Its variance per
-    # second is E[S] (ca^2 + cs^2) / c, the unconditional lambda E[S]^2 (ca^2 + cs^2) / c^2
-    # over P(busy) ~ rho, so that P(wait) x (its stationary mean E[S] (ca^2 + cs^2) /
-    # (2 c (1 - rho))) is Kingman's / Erlang C's mean wait; in overload (rho > 1, every
-    # arrival waits) it is the unconditional rho x that, max(rho, 1) taken smoothly.
+    c_wait = prob_wait(rho, c)
+    # Conditional on waiting: the diffusion of the busy period's workload. For a renewal
+    # stream its variance per second is E[S] (ca^2 + cs^2) / c, the unconditional
+    # lambda E[S]^2 (ca^2 + cs^2) / c^2 over P(busy) ~ rho, so that P(wait) x (its
+    # stationary mean E[S] (ca^2 + cs^2) / (2 c (1 - rho))) is Kingman's / Erlang C's
+    # mean wait; in overload (rho > 1, every arrival waits) it is the unconditional rho x
+    # that, max(rho, 1) taken smoothly.
     busy = 1.0 + softplus(rho - 1.0, _C_TEMPERATURE)
-    var = mean_service_s * (arrival_cv2 + scv_service) / c * busy
-    return WaitModel(prob_wait(rho, c), drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
+    if not isinstance(arrival_cv2, Burstiness):
+        var = mean_service_s * (arrival_cv2 + scv_service) / c * busy
+        return WaitModel(c_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
+    # Batches: the variance scaled so that P(wait) x the stationary mean is the mean wait
+    # above (in overload, where C = P(wait) = 1, again E[S] (IDC + cs^2) / c x rho).
+    idc = arrival_cv2.at(mean_service_s)
+    m = burst_size(idc)
+    q = 1.0 - 1.0 / m
+    has_burst = q > 0.0
+    free = c * softplus(1.0 - rho, _C_TEMPERATURE) / jnp.maximum(1.0 - c_wait, 1e-6)
+    q_f = jnp.where(has_burst, jnp.exp(free * jnp.log(jnp.where(has_burst, q, 1.0))), 0.0)  # safe mask at q = 0
+    p_wait = c_wait + (1.0 - c_wait) * q_f  # = 1 - (1 - C)(1 - q^f)
+    in_burst = 2.0 * ((m - 1.0) * c_wait + m * q_f * (1.0 - c_wait))
+    excess = (idc - 2.0 * (m - 1.0) + scv_service) * (c_wait / p_wait) + in_burst / p_wait
+    var = mean_service_s * excess / c * busy
+    return WaitModel(p_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
 
 
 def ndtr(z):

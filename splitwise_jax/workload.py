@@ -92,6 +92,11 @@ def _as_float_array(x) -> jax.Array:
 # dispersion ~130 at 10 s) and arrivals still come in bursts inside a window.
 _MAX_WINDOWS = 30
 _MIN_ARRIVALS_PER_WINDOW = 50
+# Time scales (s) at which each window's index of dispersion of counts is measured: one
+# per half decade from 10 ms to 10 s, spanning the prompt service times a queue reads it
+# at (`queueing.Burstiness`). A scale needs at least this many bins inside a window.
+IDC_SCALES_S = np.geomspace(0.01, 10.0, 7)
+_MIN_IDC_BINS = 4
 
 
 @jax.tree_util.register_dataclass
@@ -102,13 +107,21 @@ class ArrivalProfile:
     Attributes:
         rate_rel: (W,) each window's arrival rate over the trace's mean rate.
         cv2: (W,) squared coefficient of variation of inter-arrival times inside each
-            window (1 for Poisson; the window's own burstiness).
+            window (1 for Poisson; reported, not used by the model: long quiet gaps
+            inflate it as much as bursts do).
         window_s: length of a window (s).
+        idc: (W, L) each window's index of dispersion of counts, Var N(tau) / E N(tau)
+            over bins of length tau = idc_scale_s (1 for Poisson; the burstiness the
+            queues read at their own service time, `queueing.Burstiness`).
+        idc_scale_s: (L,) the scales tau (s); they shrink with the windows when a rate
+            rescales the trace's time.
     """
 
     rate_rel: jax.Array
     cv2: jax.Array
     window_s: jax.Array
+    idc: jax.Array
+    idc_scale_s: jax.Array
 
     @classmethod
     def from_arrivals(cls, arrival_s: np.ndarray, n_windows: int | None = None) -> "ArrivalProfile":
@@ -127,8 +140,18 @@ class ArrivalProfile:
             if len(ia) >= 3 and ia.mean() > 0:
                 cv2[w] = float(ia.var() / ia.mean() ** 2)
         rate_rel = counts / counts.mean()
+        window_s = span / n_windows
+        idc = np.ones((n_windows, len(IDC_SCALES_S)))
+        for w in range(n_windows):
+            for j, tau in enumerate(IDC_SCALES_S):
+                bins = int(window_s // tau)
+                if bins < _MIN_IDC_BINS or counts[w] < 2:
+                    continue  # too coarse a scale for this window, or nothing in it: Poisson's 1
+                n, _ = np.histogram(t[idx == w], bins=bins, range=(edges[w], edges[w] + bins * tau))
+                idc[w, j] = float(n.var() / n.mean()) if n.mean() > 0 else 1.0
         return cls(rate_rel=_as_float_array(rate_rel), cv2=_as_float_array(cv2),
-                   window_s=_as_float_array(span / n_windows))
+                   window_s=_as_float_array(window_s), idc=_as_float_array(idc),
+                   idc_scale_s=_as_float_array(IDC_SCALES_S))
 
 
 @jax.tree_util.register_dataclass
@@ -339,7 +362,8 @@ class Workload:
             profile = ArrivalProfile.from_arrivals(df["arrival_s"].to_numpy())
             # A given rate rescales time: the curve's shape is kept, its windows shrink.
             scale = measured_rate / rate_per_s
-            wl = dataclasses.replace(wl, profile=dataclasses.replace(profile, window_s=profile.window_s * scale))
+            wl = dataclasses.replace(wl, profile=dataclasses.replace(profile, window_s=profile.window_s * scale,
+                                                                     idc_scale_s=profile.idc_scale_s * scale))
         return wl
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.queueing import prob_wait, wait_cdf_busy, wait_model
+from splitwise_jax.queueing import Burstiness, burst_size, prob_wait, wait_cdf_busy, wait_model
 
 N_POINTS = 64  # window quadrature points
 
@@ -173,3 +173,100 @@ def test_wait_law_is_finite_and_differentiable_through_saturation(rho):
     value, grad = jax.value_and_grad(cdf_at)(lam)
     assert np.isfinite(float(value)) and 0.0 <= float(value) <= 1.0
     assert np.isfinite(float(grad)) and float(grad) < 0.0  # more load: less mass below 5 s
+
+
+# --------------------------------------------------------------------------------------
+# Bursty arrivals: compound Poisson with geometric batches (M^X/M/c)
+
+
+def _flat(idc: float) -> Burstiness:
+    """The same IDC at every scale (Poisson batches of geometric size)."""
+    return Burstiness(jnp.full(3, idc), jnp.array([0.1, 1.0, 10.0]))
+
+
+def _mx_m_c(lam: float, c: int, m: float, n: int = 60_000, seed: int = 0):
+    """FCFS c-server queue fed by Poisson batches of geometric size (mean m), exponential
+    service of mean 1 s: each customer's wait (first tenth dropped as warm-up) and the
+    stream's index of dispersion at 1 s, by the Kiefer-Wolfowitz recursion."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.geometric(1.0 / m, int(2 * n / m) + 100)  # at least n customers (mean 2 n)
+    arrivals = np.repeat(np.cumsum(rng.exponential(m / lam, len(sizes))), sizes)[:n]
+    service = rng.exponential(1.0, n)
+    free = [0.0] * c
+    wait = np.empty(n)
+    for i in range(n):
+        j = min(range(c), key=free.__getitem__)
+        start = max(arrivals[i], free[j])
+        wait[i] = start - arrivals[i]
+        free[j] = start + service[i]
+    counts = np.bincount(arrivals.astype(int))
+    return wait[n // 10:], float(counts.var() / counts.mean())
+
+
+def test_poisson_counts_keep_the_kingman_law():
+    """m = 1 for IDC <= 1: P(wait) is Sakasegawa's C and the variance E[S](IDC + cs^2)/c,
+    as for a renewal stream of that ca^2."""
+    for idc in (0.0, 0.5, 1.0):
+        wm = wait_model(3.0, 1.0, 0.4, 4.0, _flat(idc), 1e7)
+        renewal = wait_model(3.0, 1.0, 0.4, 4.0, idc, 1e7)
+        assert float(wm.p_wait) == float(renewal.p_wait) == float(prob_wait(0.75, 4.0))
+        assert float(wm.var) == pytest.approx(float(renewal.var), rel=1e-14)
+
+
+def test_burstiness_is_read_at_the_service_time():
+    b = Burstiness(jnp.array([1.0, 5.0, 25.0]), jnp.array([0.1, 1.0, 10.0]))
+    assert float(b.at(1.0)) == pytest.approx(5.0)
+    assert float(b.at(jnp.sqrt(10.0))) == pytest.approx(15.0)  # linear in log tau
+    assert float(b.at(1e-3)) == 1.0 and float(b.at(1e3)) == 25.0  # end values outside
+
+
+@pytest.mark.parametrize("rho", [0.3, 0.8])
+@pytest.mark.parametrize("idc", [5.0, 49.0])
+def test_one_server_burst_mean_wait_is_the_batch_poisson_formula(rho, idc):
+    """One server: P(wait) x its mean is the exact M^X/G/1 mean wait, rho E[S] (1 + cs^2) /
+    (2 (1 - rho)) + E[S] (m - 1) / (1 - rho), m = burst_size(ca^2) (Cooper §5.2)."""
+    cs2 = 0.5
+    wm = wait_model(rho, 1.0, cs2, 1.0, _flat(idc), 1e7)
+    m = float(burst_size(idc))
+    expected = rho * (1.0 + cs2) / (2.0 * (1.0 - rho)) + (m - 1.0) / (1.0 - rho)
+    # The burst part's "1 + cs^2" carries the smoothing's leftover a = ca^2 - 2 (m - 1) ~ 1.1.
+    a = idc - 2.0 * (m - 1.0)
+    expected += rho * (a - 1.0) / (2.0 * (1.0 - rho))
+    assert float(wm.p_wait) * _busy_mean(wm) == pytest.approx(expected, rel=1e-3)
+
+
+# Tolerances, measured on this grid with 60,000 customers over seeds 0-2 (the IDC at 1 s
+# measured from the simulated stream): P(wait) is within
+# 0.058 everywhere (largest at c = 10, where bursts meet busy servers more often than
+# Sakasegawa's C says). The simulated mean wait is noisy (batch-correlated, heavy-tailed):
+# with one server, where the model's mean is exact (test above), it scatters by up to 15%
+# between seeds; the model is within 17% at c = 4 and 10. So 0.07 and 25%.
+_BURST_CASES = [(c, rho, m) for c in (1, 4, 10) for rho in (0.3, 0.6) for m in (10.0, 25.0)]
+
+
+@pytest.mark.parametrize("c,rho,m", _BURST_CASES)
+def test_burst_wait_matches_a_batch_poisson_queue(c, rho, m):
+    wait, idc = _mx_m_c(rho * c, c, m)
+    wm = wait_model(rho * c, 1.0, 1.0, float(c), _flat(idc), 1e7)
+    assert float(wm.p_wait) == pytest.approx(float(np.mean(wait > 1e-12)), abs=0.07)
+    mean = float(wm.p_wait) * _busy_mean(wm)
+    assert mean == pytest.approx(float(wait.mean()), rel=0.25)
+
+
+@pytest.mark.xfail(strict=True, reason="small bursts (m = 3) on 10 servers: a batch finds all busy more often "
+                   "than Sakasegawa's C for single Poisson arrivals says; mean wait 50-57% low over seeds 0-2 "
+                   "(P(wait) 0.07 low)")
+def test_small_bursts_on_many_servers():
+    wait, idc = _mx_m_c(3.0, 10, 3.0)
+    wm = wait_model(3.0, 1.0, 1.0, 10.0, _flat(idc), 1e7)
+    assert float(wm.p_wait) * _busy_mean(wm) == pytest.approx(float(wait.mean()), rel=0.25)
+
+
+def test_burst_law_is_differentiable_in_the_burstiness():
+    def mean_wait(idc):
+        wm = wait_model(6.0, 1.0, 1.0, 10.0, _flat(idc), 1e7)
+        return wm.p_wait * wm.var / (2.0 * -wm.drift)
+
+    for idc in (0.5, 1.0, 1.0 + 1e-9, 1.05, 20.0, 200.0):
+        g = float(jax.grad(mean_wait)(idc))
+        assert np.isfinite(g) and g >= 0.0  # burstier arrivals never shorten the mean wait

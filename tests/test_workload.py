@@ -369,6 +369,28 @@ def test_arrival_profile_windows():
     np.testing.assert_allclose(float(prof.window_s), (t.max() - t.min()) / 2)
 
 
+def test_arrival_profile_index_of_dispersion():
+    """Each window's IDC: ~1 at every scale for Poisson arrivals, ~2 m - 1 for Poisson
+    batches of geometric size m (at scales shorter than a window), and the scales shrink
+    with the windows when a rate rescales the trace's time."""
+    rng = np.random.default_rng(0)
+    poisson = np.cumsum(rng.exponential(0.05, 20_000))          # 20 req/s for ~1,000 s
+    prof = ArrivalProfile.from_arrivals(poisson)
+    usable = prof.idc_scale_s[None, :] * 100 <= prof.window_s    # >= 100 bins: the sample IDC sd < 0.15
+    idc = np.asarray(prof.idc)[np.broadcast_to(np.asarray(usable), prof.idc.shape)]
+    assert idc.size >= 60 and np.all(np.abs(idc - 1.0) < 0.45)  # 3 sd
+    sizes = rng.geometric(1.0 / 10.0, 3_000)                      # batches of mean 10
+    batches = np.repeat(np.cumsum(rng.exponential(0.5, len(sizes))), sizes)
+    prof_b = ArrivalProfile.from_arrivals(batches)
+    at_1s = np.asarray(prof_b.idc)[:, int(np.argmin(np.abs(np.asarray(prof_b.idc_scale_s) - 1.0)))]
+    assert 12.0 < float(np.median(at_1s)) < 27.0                  # 2 m - 1 = 19; a window's sample IDC scatters
+    df = pd.DataFrame({"arrival_s": poisson[:2000], "prompt_tokens": 100, "output_tokens": 10})
+    native = Workload.from_trace(df, arrival="trace")
+    faster = Workload.from_trace(df, rate_per_s=2.0 * float(native.rate_per_s), arrival="trace")
+    np.testing.assert_allclose(np.asarray(faster.profile.idc_scale_s), np.asarray(native.profile.idc_scale_s) / 2.0)
+    np.testing.assert_allclose(np.asarray(faster.profile.idc), np.asarray(native.profile.idc))
+
+
 def test_rate_needs_enough_arrivals(tmp_path):
     one_gap = _write(tmp_path, "\n".join(SPLITWISESIM_CSV.splitlines()[:3]) + "\n")
     with pytest.raises(ValueError, match="at least 3 requests"):
