@@ -46,7 +46,7 @@ from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos
 from splitwise_jax.pool import PoolState, pool_state
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
-from splitwise_jax.queueing import Burstiness, WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.queueing import Burstiness, WaitModel, burst_size, wait_cdf_busy, wait_model
 from splitwise_jax.timing import PhaseTiming
 from splitwise_jax.workload import Workload
 
@@ -189,6 +189,10 @@ class DecodeRoute(NamedTuple):
     weight: jax.Array     # (K, M) share of each class's decodes taking this route
     transfer_s: jax.Array  # (K,) KV transfer before the decode
     join_s: jax.Array     # wait to join the running batch
+    # Prompt iterations of the decode's own burst (a trace's arrivals) queued behind its
+    # prompt on its machine, which run before its decode steps: mean and variance.
+    burst_iters: jax.Array | float = 0.0
+    burst_iters_var: jax.Array | float = 0.0
 
 
 class Flows(NamedTuple):
@@ -303,8 +307,27 @@ def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
     wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P
-    return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (DecodeRoute(st, jnp.ones_like(cls.w), zero, 0.0),),
+    burst, burst_var = _own_burst_iters(ca2, st.mean_prompt_s, n_p)
+    decode = DecodeRoute(st, jnp.ones_like(cls.w), zero, 0.0, burst, burst_var)
+    return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (decode,),
                  st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
+
+
+def _own_burst_iters(ca2, mean_prompt_s, n_machines):
+    """Prompt iterations of a request's own burst that a colocated decode sits through.
+
+    With a trace's burstiness (`Burstiness`, read as Poisson batches of geometric size m
+    at the prompt service time, as the wait law reads it), the K requests of the burst
+    behind a request (geometric, mean m - 1) are queued across the c machines by fewest
+    pending tokens, K / c on each, and on its machine they run before its decode steps
+    (prompts first): mean (m - 1) / c, variance m (m - 1) / c^2. A renewal ca^2 (no
+    bursts measured): none.
+    """
+    if not isinstance(ca2, Burstiness):
+        return 0.0, 0.0
+    m = burst_size(ca2.at(mean_prompt_s))
+    c = jnp.maximum(n_machines, 1.0)
+    return (m - 1.0) / c, m * (m - 1.0) / c**2
 
 
 def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution) -> Flows:
@@ -454,9 +477,10 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixture
         st = dr.state
         lam = cls.iters[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]   # (K, M)
         cw, cm, cv = _count_mixture(lam)                                                  # (J, K, M)
+        n_int = cm + dr.burst_iters
         dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
-               + cm * st.interf_mean_s)
-        dec_var = cm * st.interf_var_s2 + cv * st.interf_mean_s**2
+               + n_int * st.interf_mean_s)
+        dec_var = n_int * st.interf_var_s2 + (cv + dr.burst_iters_var) * st.interf_mean_s**2
         decodes.append((dec, dec_var, dr.weight * cls.w[None] * cw))
     prompts = [(pr.backlog_s + pr.state.residual_s + pr.state.prompt_s, pr.weight, busy_table(pr.wait, res))
                for pr in flows.prompt_routes]
