@@ -163,7 +163,13 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
     q_f = jnp.where(has_burst, jnp.exp(free * jnp.log(jnp.where(has_burst, q, 1.0))), 0.0)  # safe mask at q = 0
     p_wait = c_wait + (1.0 - c_wait) * q_f  # = 1 - (1 - C)(1 - q^f)
     in_burst = 2.0 * ((m - 1.0) * c_wait + m * q_f * (1.0 - c_wait))
-    excess = (idc - 2.0 * (m - 1.0) + scv_service) * (c_wait / p_wait) + in_burst / p_wait
+    # An empty pool (rho = 0: C = 0, and q^f = 0 without bursts) has P(wait) = 0; its
+    # conditional law is then the limit as C -> 0: ratio 1, in-burst term 2 (m - 1).
+    some = p_wait > 0.0
+    p_safe = jnp.where(some, p_wait, 1.0)
+    ratio = jnp.where(some, c_wait / p_safe, 1.0)
+    in_burst = jnp.where(some, in_burst / p_safe, 2.0 * (m - 1.0))
+    excess = (idc - 2.0 * (m - 1.0) + scv_service) * ratio + in_burst
     var = mean_service_s * excess / c * busy
     return WaitModel(p_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
 

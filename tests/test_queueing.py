@@ -270,3 +270,19 @@ def test_burst_law_is_differentiable_in_the_burstiness():
     for idc in (0.5, 1.0, 1.0 + 1e-9, 1.05, 20.0, 200.0):
         g = float(jax.grad(mean_wait)(idc))
         assert np.isfinite(g) and g >= 0.0  # burstier arrivals never shorten the mean wait
+
+
+def test_burst_law_is_finite_for_an_empty_pool():
+    """No arrivals (a Splitwise token pool that drafts nothing): without bursts P(wait) =
+    0, with them the requests of one burst still wait for each other (q^f); the law and
+    its gradient are finite either way (found by studies/burst_check.py: 0/0 was NaN)."""
+    def law(lam, idc):
+        return wait_model(lam, 0.3, 0.5, 4.0, _flat(idc), 100.0)
+
+    assert float(law(0.0, 1.0).p_wait) == 0.0
+    assert 0.0 < float(law(0.0, 20.0).p_wait) < 1.0
+    for idc in (1.0, 20.0):
+        wm = law(0.0, idc)
+        assert np.isfinite(float(wm.var)) and float(wm.var) > 0.0
+        g = jax.grad(lambda lam: law(lam, idc).p_wait * law(lam, idc).var)(0.0)
+        assert np.isfinite(float(g))
