@@ -392,18 +392,19 @@ def test_every_design_builds():
         assert c.kind == spec.kind and c.name == name
 
 
-def test_bursty_trace_waits_longer_and_stays_differentiable():
+def test_bursty_trace_waits_longer():
     """A trace's own bursts (Poisson batches of mean 10, docs/cluster.md §3b) against the
     same rate and sizes arriving as Poisson, window by window, on a colocated baseline:
     more requests wait (TTFT P50 up), decodes sit through their bursts' later prompts
-    (TBT P50 up), and the gradient through the burst law is finite."""
+    (TBT P50 up). (The burst law's gradients: tests/test_queueing.py; a gradient program
+    of the windowed model costs ~90 s to compile here, too much for what it adds.)"""
     import pandas as pd
 
     from splitwise_jax.workload import Workload, coarsen
 
     rng = np.random.default_rng(0)
     base = coarsen(workload("coding", 1.0), 8, 8)
-    n = 4_000
+    n = 1_000
     sizes = rng.geometric(0.1, n)
     bursty = np.repeat(np.cumsum(rng.exponential(10.0 / 40.0, n)), sizes)[:n]   # 40 req/s
     poisson = np.cumsum(rng.exponential(1.0 / 40.0, n))
@@ -411,7 +412,7 @@ def test_bursty_trace_waits_longer_and_stays_differentiable():
 
     def wl(t):
         df = pd.DataFrame({"arrival_s": t, "prompt_tokens": p, "output_tokens": o})
-        # 4,000 arrivals: 30 windows either way, so both share one compiled program.
+        # 1,000 arrivals: 20 windows either way, so both share one compiled program.
         return Workload.from_trace(df, rate_per_s=40.0, arrival="trace", n_prompt_bins=8, n_output_bins=8)
 
     c = make_cluster("baseline-h100", 16.0)   # prompt load ~0.6
@@ -419,8 +420,6 @@ def test_bursty_trace_waits_longer_and_stays_differentiable():
     calm, burst = run(c, wl(poisson)), run(c, wl(bursty))
     assert float(burst.ttft_s[0]) > 1.5 * float(calm.ttft_s[0])
     assert float(burst.tbt_s[0]) > float(calm.tbt_s[0])
-    g = jax.grad(lambda n_p: evaluate(c.replace(n_prompt=n_p), wl(bursty), HORIZON_S).ttft_s[0])(16.0)
-    assert np.isfinite(float(g)) and float(g) < 0.0  # more machines: shorter waits
 
 
 def _sample_sizes(wl, n, rng):

@@ -286,3 +286,17 @@ def test_burst_law_is_finite_for_an_empty_pool():
         assert np.isfinite(float(wm.var)) and float(wm.var) > 0.0
         g = jax.grad(lambda lam: law(lam, idc).p_wait * law(lam, idc).var)(0.0)
         assert np.isfinite(float(g))
+
+
+def test_burst_law_is_differentiable_in_the_service_time():
+    """E[S] moves the scale the IDC is read at (linear in log tau between scales): the
+    gradient is finite between scales, at a scale and beyond the last."""
+    b = Burstiness(jnp.array([1.0, 4.0, 20.0, 60.0]), jnp.array([0.01, 0.1, 1.0, 10.0]))
+
+    def mean_wait(es):
+        wm = wait_model(0.5 * 8.0 / es, es, 1.0, 8.0, b, 1e7)
+        return wm.p_wait * wm.var / (2.0 * -wm.drift)
+
+    for es in (0.05, 0.1, 0.3, 20.0):
+        g = float(jax.grad(mean_wait)(es))
+        assert np.isfinite(g) and g > 0.0  # longer service, same load: longer waits
