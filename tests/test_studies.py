@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import SHARED, needs_shared
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"
@@ -124,3 +125,39 @@ def test_notebook_executes(name, smoke_env, tmp_path, monkeypatch):
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+
+
+def _drafting_check():
+    sys.path.insert(0, str(STUDIES))
+    try:
+        import drafting_check
+    finally:
+        sys.path.remove(str(STUDIES))
+    return drafting_check
+
+
+def test_drafting_check_helpers():
+    dc = _drafting_check()
+    # Erlang C: M/M/1 waits with probability rho; M/M/2 at a = 1: 1/3 (closed forms).
+    assert dc.erlang_c(1, 0.7) == pytest.approx(0.7)
+    assert dc.erlang_c(2, 1.0) == pytest.approx(1.0 / 3.0)
+    # Overlapping prompts (one batch) count once; a gap is idle.
+    s, e = pd.Series([0.0, 0.5, 3.0]), pd.Series([2.0, 1.0, 4.0])
+    assert dc.busy_fraction(s, e, span=10.0, n=1) == pytest.approx(0.3)
+    names = pd.Series(["h100-80gb_3", "h100-80gb_22", "a100-80gb_0"])
+    assert dc.on_prompt_pool(names[:2], "splitwise-hh", 22).tolist() == [True, False]
+    assert dc.on_prompt_pool(names, "splitwise-ha", 26).tolist() == [True, True, False]
+
+
+@needs_shared
+def test_drafting_check_reads_the_reference_as_its_readme_says():
+    """The validation README: HH 22+3 on code at 60 req/s ran 46% of its decodes on
+    prompt-pool machines, 13 machines decoding in all (3 token + 10 prompt-pool)."""
+    dc = _drafting_check()
+    row = dc.reference_row(SHARED / "validation" / "boundary_per_request" / "splitwise-hh_P22T3_code60_bloom-176b.csv.gz")
+    assert (row["design"], row["n_prompt"], row["n_token"], row["workload"], row["rate"]) == \
+        ("splitwise-hh", 22, 3, "code", 60.0)
+    assert row["ref_moved"] == pytest.approx(0.46, abs=0.005)
+    assert row["ref_machines_hosting_moved"] == 10
+    assert 0.0 < row["ref_drafted"] < row["ref_drafted_big"] < 1.0
+    assert 0.7 < row["ref_rho_prompt"] < 1.0
