@@ -232,20 +232,48 @@ def _transfer_s(cluster: "Cluster", p, prompt_s):
                                           prompt_s, tr.mode)
 
 
+# Temperature of the smooth max(1 - rho, 0) and min(share, 1) in the drafting law.
+_DRAFT_TEMPERATURE = 0.02
+
+
+def _queue_share(wm: WaitModel, mean_s):
+    """Given that an arrival finds every machine of a pool busy (P(wait) = C), the
+    chance that the one it is routed to (the least loaded by pending tokens) already
+    holds a queue.
+
+    Pending tokens count a running prompt whole and prompt sizes span 100-7,500 tokens,
+    so which busy machine is least loaded is about independent of which ones hold a
+    queue: the chance is the share of machines with one, E[min(Q, c)] / c ~
+    E[Q | wait] / c = rho E[W | wait] / E[S] (Little's law on the queue; rho / (c (1 -
+    rho)) for M/M/c), E[W | wait] the diffusion's stationary mean var / (2 (1 - rho)),
+    capped at 1 (smoothly; in overload every machine has a queue). Checked on the
+    reference's boundary runs (studies/drafting_check.py, docs/cluster.md §4): the share
+    of >6k-token prompts drafted is within 1.6x of C rho / (c (1 - rho)) from rho 0.75
+    to 0.88 on coding.
+    """
+    # The floor keeps the mean finite (and its gradient) where deep overload makes the
+    # smooth max(1 - rho, 0) underflow; the share is 1 there either way.
+    mean_busy_wait = wm.var / jnp.maximum(2.0 * softplus(-wm.drift, _DRAFT_TEMPERATURE), 1e-9)
+    return smooth_min_one(wm.rho * mean_busy_wait / jnp.maximum(mean_s, 1e-9), _DRAFT_TEMPERATURE)
+
+
 def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling, res: Resolution):
-    """Share of each prompt class drafted onto token machines.
+    """Share of each prompt class the prompt pool would draft onto token machines.
 
     SplitwiseSim drafts a prompt of p tokens when the least-loaded prompt machine has a
-    queue and p_running + queued + p > draft_pending_tokens. With JSQ by pending work
-    the least-loaded machine holds the per-machine work W an arrival waits for, i.e.
-    W / tau queued tokens (tau = s per prompt token); "has a queue" is W > E[S] (all
-    machines have one waiting: in M/M/c, P(W > E[S]) = C exp(-c(1-rho)) ~ C rho^c =
-    P(N >= 2c)). So x_k = P(W > max(E[S], (D - E[p] - p_k) tau)).
+    queue (P(wait) x `_queue_share`; the earlier "W > E[S]", C exp(-c (1 - rho)) in
+    M/M/c, gave 3-300x too few of the largest prompts below saturation) and
+    p_running + queued + p > draft_pending_tokens: with JSQ by pending work the
+    least-loaded machine holds the work W an arrival waits for, W / tau queued tokens
+    (tau = s per prompt token), so P(W > (D - E[p] - p_k) tau | wait). The two events
+    are positively correlated (a long queue means every machine has one); their joint
+    probability is taken as the smaller (a smooth min).
     """
     mean_p = jnp.dot(cls.wp, cls.p)
     tau = st.mean_prompt_s / jnp.maximum(mean_p, 1.0)
-    w_k = smooth_max_pos(st.mean_prompt_s, softplus(sched.draft_pending_tokens - mean_p - cls.p, 64.0) * tau, 8.0)
-    return wm.p_wait * (1.0 - wait_cdf_busy(w_k, wm, res.window_points))
+    w_k = softplus(sched.draft_pending_tokens - mean_p - cls.p, 64.0) * tau
+    beyond = 1.0 - wait_cdf_busy(w_k, wm, res.window_points)
+    return wm.p_wait * smooth_min_pos(_queue_share(wm, st.mean_prompt_s), beyond, 8.0)
 
 
 def _fixed_point_01(h):
@@ -344,12 +372,21 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     # 1. Drafting, from the prompt pool as if it took every prompt and no decodes.
     #    Self-consistent: the prompts drafted away shorten the queue that drafts them, so
     #    the share X solves X = E[x_k(wait law at rate lambda (1 - X))].
+    #    A draft converts a token machine unless every token machine already holds a
+    #    drafted queue (the same law on the token side; then the request runs wholly on
+    #    the least-loaded machine of either pool), which balances the pools in overload.
     st_p0 = pool_state(P, n_p, lam, cls.wp, decode_rate=0.0, batch_cap=cap_P, **pool)
+    t_alone = pool_state(T, n_t, lam, cls.wp, decode_rate=0.0, batch_cap=cap_T, **pool).prompt_s
     has_t = n_t / (n_t + 1e-3)
 
     def drafted(x_tot):
         wm = wait_model(lam * (1.0 - x_tot), st_p0.mean_prompt_s, st_p0.scv_prompt, n_p, ca2, horizon_s)
-        return _drafted_share(wm, st_p0, cls, sched, res) * has_t, wm
+        want = _drafted_share(wm, st_p0, cls, sched, res)
+        w_d = cls.wp * want / jnp.maximum(jnp.dot(cls.wp, want), 1e-30) + 1e-12 * cls.wp
+        e_s = jnp.dot(w_d, t_alone) / jnp.sum(w_d)
+        scv = jnp.maximum(jnp.dot(w_d, t_alone**2) / jnp.sum(w_d) / e_s**2 - 1.0, 0.0)
+        wm_t = wait_model(lam * x_tot, e_s, scv, n_t, ca2, horizon_s)
+        return want * (1.0 - wm_t.p_wait * _queue_share(wm_t, e_s)) * has_t, wm
 
     x_tot = _fixed_point_01(lambda u: jnp.dot(cls.wp, drafted(u)[0]))
     x_k, wm_p0 = drafted(x_tot)
@@ -397,7 +434,22 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
     prompt_routes = (PromptRoute(st_p, wm_p, 1.0 - x_k), PromptRoute(st_t, wm_t, x_k))
-    decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
+    # Drafts concentrate: the drafted token machine (the one with the fewest pending
+    # tokens, so the fewest decodes) joins the mixed pool, later drafts go to mixed
+    # machines first and new decodes to the token pool first. A decode sits through
+    # drafted prompts only when its machine is converted, and then through the g drafts
+    # that machine serves before it is free again: g = 1 + a_d (1 - a_d / n_t), a_d =
+    # lambda X E[S] the machines drafts keep busy (every draft converts a machine when
+    # they are sparse; when they fill the pool every machine is mixed and the drafts
+    # spread again). Same mean stall per decode; 1/g as many stalls, each g drafts long
+    # (a geometric number: variance g Var[X] + g (g - 1) E[X]^2). Measured: at HH 20+3
+    # on coding 41% of token-machine time ran drafted prompts while the token machines'
+    # TBT P50 stayed 0.041 s (docs/cluster.md §4).
+    a_d = lam * x_tot * st_t.mean_prompt_s
+    g = 1.0 + a_d * (1.0 - smooth_min_one(a_d / jnp.maximum(n_t, 1e-6), _DRAFT_TEMPERATURE))
+    st_dec = st_t._replace(events_per_step=st_t.events_per_step / g, interf_mean_s=st_t.interf_mean_s * g,
+                           interf_var_s2=g * st_t.interf_var_s2 + g * (g - 1.0) * st_t.interf_mean_s**2)
+    decode_routes = (DecodeRoute(st_dec, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
                      DecodeRoute(st_p, f_km, kv, 0.5 * st_p.decode_s))
     pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
     loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * ctx_t / cap_tok_T,
