@@ -434,22 +434,7 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
     prompt_routes = (PromptRoute(st_p, wm_p, 1.0 - x_k), PromptRoute(st_t, wm_t, x_k))
-    # Drafts concentrate: the drafted token machine (the one with the fewest pending
-    # tokens, so the fewest decodes) joins the mixed pool, later drafts go to mixed
-    # machines first and new decodes to the token pool first. A decode sits through
-    # drafted prompts only when its machine is converted, and then through the g drafts
-    # that machine serves before it is free again: g = 1 + a_d (1 - a_d / n_t), a_d =
-    # lambda X E[S] the machines drafts keep busy (every draft converts a machine when
-    # they are sparse; when they fill the pool every machine is mixed and the drafts
-    # spread again). Same mean stall per decode; 1/g as many stalls, each g drafts long
-    # (a geometric number: variance g Var[X] + g (g - 1) E[X]^2). Measured: at HH 20+3
-    # on coding 41% of token-machine time ran drafted prompts while the token machines'
-    # TBT P50 stayed 0.041 s (docs/cluster.md §4).
-    a_d = lam * x_tot * st_t.mean_prompt_s
-    g = 1.0 + a_d * (1.0 - smooth_min_one(a_d / jnp.maximum(n_t, 1e-6), _DRAFT_TEMPERATURE))
-    st_dec = st_t._replace(events_per_step=st_t.events_per_step / g, interf_mean_s=st_t.interf_mean_s * g,
-                           interf_var_s2=g * st_t.interf_var_s2 + g * (g - 1.0) * st_t.interf_mean_s**2)
-    decode_routes = (DecodeRoute(st_dec, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
+    decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
                      DecodeRoute(st_p, f_km, kv, 0.5 * st_p.decode_s))
     pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
     loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * ctx_t / cap_tok_T,
