@@ -16,7 +16,7 @@ model predicted for it (a `studies/validate_cluster.py` output, `--runs`). Per r
   reference's own prompt-pool busy share rho (merged prompt intervals per machine) and
   pool size c: the model's law P(W > E[S]) ~ C exp(-c (1 - rho))
   and C E[min(Q, c)] / c = C rho (1 - rho^c) / (c (1 - rho)) (M/M/c: the least-loaded
-  machine is a random busy one; docs/cluster.md §4, "Known gaps").
+  machine is a random busy one; docs/cluster.md §4).
 
 Writes ``drafting_check.csv`` into ``--out`` and prints it as a table. Pure pandas,
 seconds. Needs the shared data folder (`SPLITWISE_SHARED`).
@@ -49,7 +49,7 @@ def erlang_c(c: int, a: float) -> float:
     for k in range(1, c):
         term *= a / k
         total += term
-    last = term * a / c * c / (c - a)
+    last = term * a / (c - a)  # (a^c / c!) c / (c - a)
     return last / (total + last)
 
 
