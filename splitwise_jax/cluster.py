@@ -282,10 +282,15 @@ def _fixed_point_01(h):
     def g(u):
         return u - h(u)
 
+    # The bisection runs on stop-gradient copies of what h closes over, so the loop is
+    # neither differentiated nor traced for differentiation (docs/speed.md §4).
+    h_closed, consts = jax.closure_convert(h, jnp.asarray(0.5))
+    frozen = jax.lax.stop_gradient(consts)
+
     def bisect(_, ab):
         a, b = ab
         m = 0.5 * (a + b)
-        neg = jax.lax.stop_gradient(g(m)) < 0
+        neg = m - h_closed(m, *frozen) < 0
         return jnp.where(neg, m, a), jnp.where(neg, b, m)
 
     a, b = jax.lax.fori_loop(0, 40, bisect, (jnp.asarray(0.0), jnp.asarray(1.0)))

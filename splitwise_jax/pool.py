@@ -176,21 +176,76 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
     lam_p = prompt_rate / n
     lam_d = decode_rate / n
 
-    def residual(log_b):
-        step = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, jnp.exp(log_b), max_batch_tokens)[4]
-        need = lam_d * mean_decode_iters * step
-        return log_b - jnp.log(jnp.maximum(smooth_min_pos(need, batch_cap, p=_MEMORY_P), 1e-12))
+    args = (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens,
+            batch_cap, max_batch_tokens)
+    return _steady_state(args)
 
-    # Newton in log B. The map B -> need(B) grows less than proportionally (decode time is
-    # affine in B), so the residual's slope lies in (0, 1]; flooring it at 0.05 and
-    # clipping steps to +-2 (a factor e^2) keeps the iteration safe from a poor start
-    # (the initial guess assumes a 40 ms iteration; 12 steps reach machine precision
-    # from any start within a factor e^8 of the answer).
-    def newton(_, log_b):
-        r_val, slope = jax.jvp(residual, (log_b,), (jnp.ones_like(log_b),))
-        return log_b - jnp.clip(r_val / jnp.maximum(slope, 0.05), -2.0, 2.0)
+
+def _state_and_residual(args, log_b):
+    """The pool's state at B = exp(log_b), and Little's-law residual r = log B - log need."""
+    (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens, batch_cap,
+     max_batch_tokens) = args
+    st = pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
+                       ctx_tokens, jnp.exp(log_b), max_batch_tokens)
+    return st, log_b - jnp.log(jnp.maximum(smooth_min_pos(st.batch_need, batch_cap, p=_MEMORY_P), 1e-12))
+
+
+def _root(args):
+    """Newton in log B for the root of the residual (not differentiated: see
+    `_steady_state`): (log B*, the state there).
+
+    The map B -> need(B) grows less than proportionally (decode time is affine in B), so
+    the residual's slope lies in (0, 1]; flooring it at 0.05 and clipping steps to +-2
+    (a factor e^2) keeps the iteration safe from a poor start (the initial guess assumes
+    a 40 ms iteration; 12 steps reach machine precision from any start within a factor
+    e^8 of the answer). The slope is a forward difference over eps in log B, the pair
+    evaluated as one vmapped call (relative error ~ eps + ulp / eps: it sets how fast
+    the iteration converges, not where it stops). The loop carries the state at the
+    iterate it evaluated, so one more step gives the state at the answer without a
+    second copy of the phase model in the program."""
+    n_machines, decode_rate, mean_decode_iters, batch_cap = args[1], args[6], args[7], args[9]
+    lam_d = decode_rate / jnp.maximum(n_machines, 1e-6)
+    eps = 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
+    first = jax.tree_util.Partial(jax.tree_util.tree_map, lambda a: a[0])
+
+    def pair(log_b):
+        return jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + eps]))
+
+    def newton(_, carry):
+        log_b, _ = carry
+        st, r = pair(log_b)
+        slope = (r[1] - r[0]) / eps
+        return log_b - jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0), (log_b, first(st))
 
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
-    log_b = jax.lax.fori_loop(0, _NEWTON_ITERS, newton, jnp.log(b0))
-    return pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                         ctx_tokens, jnp.exp(log_b), max_batch_tokens)
+    log_b0 = jnp.log(b0)
+    zero = jnp.zeros_like(log_b0)
+    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros_like(args[4] * zero), *(zero,) * 8))
+    _, (log_b, st) = jax.lax.fori_loop(0, _NEWTON_ITERS + 1, newton, (log_b0, empty))
+    return log_b, st
+
+
+@jax.custom_jvp
+def _steady_state(args) -> PoolState:
+    """The state at the root B* of Little's law. Its derivative is the implicit one
+    (`_steady_state_jvp`), so neither the forward program nor a gradient carries the
+    Newton iteration's derivative: tracing a gradient through the loop was half of a
+    cluster gradient program's tracing time, and the forward program holds one copy of
+    the phase model in the loop and one for the answer (docs/speed.md §4)."""
+    return _root(args)[1]
+
+
+@_steady_state.defjvp
+def _steady_state_jvp(primals, tangents):
+    """Implicit function theorem at the root, exact: with r(theta, log B*) = 0,
+    dlog B* = -(dr/dtheta . dtheta) / (dr/dlog B), and the state moves by its partial
+    derivative along theta plus its derivative along log B times dlog B*. One
+    linearisation of the state, applied to both directions."""
+    (args,), (args_dot,) = primals, tangents
+    log_b = _root(args)[0]
+    (st, _), lin = jax.linearize(_state_and_residual, args, log_b)
+    st_theta, r_theta = lin(args_dot, jnp.zeros_like(log_b))
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, args_dot)
+    st_b, r_b = lin(zeros, jnp.ones_like(log_b))
+    dlog_b = -r_theta / jnp.where(jnp.abs(r_b) > 1e-6, r_b, 1e-6)
+    return st, jax.tree_util.tree_map(lambda t, b: t + b * dlog_b, st_theta, st_b)
