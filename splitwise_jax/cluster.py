@@ -43,7 +43,7 @@ from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax.paper import TABLE_VI_SLO
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.pool import PoolState, pool_state
+from splitwise_jax.pool import PoolState, pool_state, pool_states
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
 from splitwise_jax.queueing import Burstiness, WaitModel, burst_size, wait_cdf_busy, wait_model
@@ -433,8 +433,11 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     it_p, ctx_p = decode_mix(f_km)
     pool_t = dict(pool, mean_decode_iters=it_t, ctx_tokens=ctx_t)
     pool_p = dict(pool, mean_decode_iters=it_p, ctx_tokens=ctx_p)
-    st_t = pool_state(T, n_t, lam * x_tot, w_t, decode_rate=lam * (1.0 - f), batch_cap=cap_tok_T / ctx_t, **pool_t)
-    st_p = pool_state(P, n_p, lam * (1.0 - x_tot), w_p, decode_rate=lam * f, batch_cap=cap_tok_P / ctx_p, **pool_p)
+    st_t, st_p = pool_states(
+        dict(timing=T, n_machines=n_t, prompt_rate=lam * x_tot, prompt_w=w_t, decode_rate=lam * (1.0 - f),
+             batch_cap=cap_tok_T / ctx_t, **pool_t),
+        dict(timing=P, n_machines=n_p, prompt_rate=lam * (1.0 - x_tot), prompt_w=w_p, decode_rate=lam * f,
+             batch_cap=cap_tok_P / ctx_p, **pool_p))
     wm_p = wait_model(lam * (1.0 - x_tot), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)

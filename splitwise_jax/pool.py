@@ -172,13 +172,37 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
         batch_cap: most decoding requests a machine's KV memory holds.
         max_batch_tokens: tokens one iteration may carry (prompts + one per decode).
     """
-    n = jnp.maximum(n_machines, 1e-6)
-    lam_p = prompt_rate / n
-    lam_d = decode_rate / n
-
+    if isinstance(decode_rate, (int, float)) and decode_rate == 0:
+        # No decode traffic: Little's law's root is the floor of its log, B = 1e-12, with
+        # no iteration to run (half the pool states a Splitwise cluster builds).
+        return pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
+                             ctx_tokens, jnp.asarray(_NO_BATCH), max_batch_tokens)
     args = (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens,
             batch_cap, max_batch_tokens)
     return _steady_state(args)
+
+
+
+def pool_states(*calls: dict) -> list[PoolState]:
+    """`pool_state` of several independent pools (each a dict of its keyword
+    arguments), as one vmapped call when their timings have the same structure (the
+    same machine model, or two machine types under one phase model): the program then
+    holds one copy of the iteration instead of one per pool. Otherwise one call each.
+    Same answers either way."""
+    names = ("timing", "n_machines", "prompt_rate", "prompt_w", "p_tok", "p_sq", "decode_rate",
+             "mean_decode_iters", "ctx_tokens", "batch_cap", "max_batch_tokens")
+    rows = [tuple(c[n] for n in names) for c in calls]
+    flat = [jax.tree_util.tree_flatten(r) for r in rows]
+    same = all(f[1] == flat[0][1] and [jnp.shape(x) for x in f[0]] == [jnp.shape(x) for x in flat[0][0]]
+               for f in flat)
+    if len(calls) < 2 or not same:
+        return [pool_state(**c) for c in calls]
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *rows)
+    out = jax.vmap(_steady_state)(stacked)
+    return [jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(calls))]
+
+# B of a pool without decode traffic: where the residual's floor (need >= 1e-12) puts it.
+_NO_BATCH = 1e-12
 
 
 def _state_and_residual(args, log_b):
@@ -187,7 +211,7 @@ def _state_and_residual(args, log_b):
      max_batch_tokens) = args
     st = pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
                        ctx_tokens, jnp.exp(log_b), max_batch_tokens)
-    return st, log_b - jnp.log(jnp.maximum(smooth_min_pos(st.batch_need, batch_cap, p=_MEMORY_P), 1e-12))
+    return st, log_b - jnp.log(jnp.maximum(smooth_min_pos(st.batch_need, batch_cap, p=_MEMORY_P), _NO_BATCH))
 
 
 def _root(args):
