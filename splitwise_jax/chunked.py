@@ -74,7 +74,7 @@ import jax.numpy as jnp
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
 from splitwise_jax.batch import Batch
 from splitwise_jax.cluster import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
-from splitwise_jax.pool import PoolState, jsq_share
+from splitwise_jax.pool import PoolState, jsq_share, newton_log_root
 from splitwise_jax.queueing import prob_wait, wait_model
 
 #: Prompt tokens per iteration by default: vLLM's default when it turned chunked prefill
@@ -221,6 +221,22 @@ def _decoder_view(st: PoolState, r: _Rates, seen, p_all, phi_max, e_n, e_w, var_
                        interf_var_s2=q * var_x / events)
 
 
+def _need(lam_d, mean_decode_iters, r: _Rates):
+    """Decode batch Little's law asks for. Decodes start as prompts finish: at most the
+    rate the prompt queue serves, 1 / rho of the arrivals in overload (otherwise the
+    decode batch of an overloaded pool would grow with prompts that never ran, slowing
+    the prompts further)."""
+    return lam_d * smooth_min_one(1.0 / jnp.maximum(r.rho, 1e-12), _RHO_TEMPERATURE) * mean_decode_iters * r.step
+
+
+def _residual(args, log_b):
+    """log B - log need(B), need capped by memory (`chunked_state`'s fixed point)."""
+    timing, budget, lam_p, n_m, prompt_w, p_tok, chunks, ctx_tokens, lam_d, mean_decode_iters, batch_cap = args
+    r = _rates(timing, budget, lam_p, n_m, prompt_w, p_tok, chunks, ctx_tokens, jnp.exp(log_b))
+    need = _need(lam_d, mean_decode_iters, r)
+    return log_b - jnp.log(jnp.maximum(smooth_min_pos(need, batch_cap, p=_MEMORY_P), 1e-12))
+
+
 def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
                   ctx_tokens, batch_cap, token_budget) -> ChunkedState:
     """Steady state of a chunked-prefill pool: solves Little's law for the decode batch B.
@@ -246,26 +262,18 @@ def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     chunks = _chunks(p_tok, budget)
     n = chunks[0]
 
+    args = (timing, budget, lam_p, n_m, prompt_w, p_tok, chunks, ctx_tokens, lam_d, mean_decode_iters, batch_cap)
+
     def rates(b):
         return _rates(timing, budget, lam_p, n_m, prompt_w, p_tok, chunks, ctx_tokens, b)
 
     def need_of(r: _Rates):
-        # Decodes start as prompts finish: at most the rate the prompt queue serves, 1 / rho
-        # of the arrivals in overload (otherwise the decode batch of an overloaded pool
-        # would grow with prompts that never ran, slowing the prompts further).
-        return lam_d * smooth_min_one(1.0 / jnp.maximum(r.rho, 1e-12), _RHO_TEMPERATURE) * mean_decode_iters * r.step
+        return _need(lam_d, mean_decode_iters, r)
 
-    def residual(log_b):
-        need = need_of(rates(jnp.exp(log_b)))
-        return log_b - jnp.log(jnp.maximum(smooth_min_pos(need, batch_cap, p=_MEMORY_P), 1e-12))
-
-    # Newton in log B, as pool.pool_state (the residual's slope lies in (0, 1]).
-    def newton(_, log_b):
-        r_val, slope = jax.jvp(residual, (log_b,), (jnp.ones_like(log_b),))
-        return log_b - jnp.clip(r_val / jnp.maximum(slope, 0.05), -2.0, 2.0)
-
+    # Newton in log B, as pool.pool_state (the residual's slope lies in (0, 1]): run
+    # undifferentiated, with the exact implicit gradient (`pool.newton_log_root`).
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
-    batch = jnp.exp(jax.lax.fori_loop(0, _NEWTON_ITERS, newton, jnp.log(b0)))
+    batch = jnp.exp(newton_log_root(_residual, _NEWTON_ITERS, args, jnp.log(b0)))
     r = rates(batch)
     e_s = jnp.dot(prompt_w, r.serv)
     scv = jnp.maximum(jnp.dot(prompt_w, r.serv**2) / e_s**2 - 1.0, 0.0)

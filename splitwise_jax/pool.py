@@ -43,7 +43,8 @@ References:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from functools import partial
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -200,6 +201,34 @@ def pool_states(*calls: dict) -> list[PoolState]:
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *rows)
     out = jax.vmap(_steady_state)(stacked)
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(calls))]
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def newton_log_root(residual: Callable, iters: int, args, log_b0):
+    """The root log B of `residual(args, log_b)` (slope in (0, 1]) by `iters` damped
+    Newton steps from log_b0, undifferentiated; its derivative is the implicit one,
+    exact at the root: dlog B = -(dr/dargs . dargs) / (dr/dlog B). For fixed points whose
+    state is rebuilt at the root by the caller (chunked.chunked_state); `pool_state`
+    carries its state out of the loop instead. Slopes as in `_root`."""
+    eps = 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
+
+    def newton(_, log_b):
+        r = jax.vmap(lambda lb: residual(args, lb))(jnp.stack([log_b, log_b + eps]))
+        slope = (r[1] - r[0]) / eps
+        return log_b - jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
+
+    return jax.lax.fori_loop(0, iters, newton, log_b0)
+
+
+@newton_log_root.defjvp
+def _newton_log_root_jvp(residual, iters, primals, tangents):
+    args, log_b0 = primals
+    args_dot, _ = tangents
+    log_b = newton_log_root(residual, iters, args, log_b0)
+    _, lin = jax.linearize(residual, args, log_b)
+    r_theta = lin(args_dot, jnp.zeros_like(log_b))
+    r_b = lin(jax.tree_util.tree_map(jnp.zeros_like, args_dot), jnp.ones_like(log_b))
+    return log_b, -r_theta / jnp.where(jnp.abs(r_b) > 1e-6, r_b, 1e-6)
 
 # B of a pool without decode traffic: where the residual's floor (need >= 1e-12) puts it.
 _NO_BATCH = 1e-12
