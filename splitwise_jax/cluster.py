@@ -380,8 +380,11 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     #    A draft converts a token machine unless every token machine already holds a
     #    drafted queue (the same law on the token side; then the request runs wholly on
     #    the least-loaded machine of either pool), which balances the pools in overload.
-    st_p0 = pool_state(P, n_p, lam, cls.wp, decode_rate=0.0, batch_cap=cap_P, **pool)
-    t_alone = pool_state(T, n_t, lam, cls.wp, decode_rate=0.0, batch_cap=cap_T, **pool).prompt_s
+    st_p0, st_t_alone = pool_states(dict(timing=P, n_machines=n_p, prompt_rate=lam, prompt_w=cls.wp, decode_rate=0.0,
+                                         batch_cap=cap_P, **pool),
+                                    dict(timing=T, n_machines=n_t, prompt_rate=lam, prompt_w=cls.wp, decode_rate=0.0,
+                                         batch_cap=cap_T, **pool))
+    t_alone = st_t_alone.prompt_s
     has_t = n_t / (n_t + 1e-3)
 
     def drafted(x_tot):

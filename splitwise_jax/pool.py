@@ -199,7 +199,11 @@ def pool_states(*calls: dict) -> list[PoolState]:
     if len(calls) < 2 or not same:
         return [pool_state(**c) for c in calls]
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *rows)
-    out = jax.vmap(_steady_state)(stacked)
+    if all(isinstance(c["decode_rate"], (int, float)) and c["decode_rate"] == 0 for c in calls):
+        # prompt-only pools (as `pool_state`): the state at B = _NO_BATCH, no loop
+        out = jax.vmap(lambda a: pool_state_at(*a[:9], jnp.asarray(_NO_BATCH), a[10]))(stacked)
+    else:
+        out = jax.vmap(_steady_state)(stacked)
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(calls))]
 
 
