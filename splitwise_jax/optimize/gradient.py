@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +27,7 @@ import numpy as np
 import optax
 
 from splitwise_jax._smooth import softplus
+from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster import Cluster, Resolution
 from splitwise_jax.optimize.integer import binding_constraints, max_rates, repair
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, OptimizeResult, Problem, SolverConfig
@@ -38,7 +38,7 @@ from splitwise_jax.workload import Workload
 _ADAM = optax.scale_by_adam(b1=0.8, b2=0.9)
 
 
-@partial(jax.jit, static_argnames=("steps", "resolution"))
+@cached_jit(static_argnames=("steps", "resolution"))
 def _al_round(u, opt_state, lam, rho, lr, temperature, spec: Spec, steps: int, resolution: Resolution):
     """`steps` Adam steps on the smooth augmented Lagrangian at fixed multipliers (the
     only gradient compile; a scan, so one dispatch per round)."""

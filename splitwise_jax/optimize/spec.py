@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from splitwise_jax._caps import cap_floor_frac
+from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster import Cluster, Resolution, evaluate
 from splitwise_jax.designs import uniform_names
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Problem
@@ -195,7 +195,7 @@ def assess(spec: Spec, phys, resolution: Resolution):
 
 
 
-@partial(jax.jit, static_argnames=("resolution",))
+@cached_jit(static_argnames=("resolution",))
 def assess_batch(phys, spec: Spec, resolution: Resolution):
     """A batch of configurations (rows of phys) in one compiled call.
 

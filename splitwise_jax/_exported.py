@@ -1,0 +1,133 @@
+"""Exported programs cached on disk, so that a warm CLI run does not trace them again.
+
+JAX's persistent compilation cache skips XLA's compilation on a second run, but not
+the tracing and lowering that build the program in the first place: for the Fig. 12
+`optimize`, Python builds the optimiser's gradient program in ~7 s and two evaluation
+programs in ~3 s each, every run (docs/speed.md §4). `jax.export` serialises a lowered
+program (StableHLO, with its input and output structure); `cached_jit` keeps one per
+function, static arguments and input shapes next to the compilation cache, and a later
+run deserialises it and calls it (its compilation then hits the persistent cache).
+
+The key is everything the program can depend on: the function's name, the static
+arguments' values, the inputs' tree structure (with its static metadata: design kind,
+names, tensor-parallel degree) and their shapes and dtypes, the x64 flag, the backend,
+the JAX version, and a digest of every file of this package (code and shipped data).
+The inputs' *values* are not in it: they are the program's arguments. Active only when
+a CLI has turned the compilation cache on (`_cli.enable_cache`); library calls (and a
+cache folder that cannot be written) use plain `jax.jit`, and so does any call whose
+export or load fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+import pickle
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+_FOLDER = "exported"
+_lock = threading.Lock()
+_loaded: dict[str, tuple] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def package_digest() -> str:
+    """sha256 over every file of the installed package (path and bytes)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _folder() -> Path | None:
+    base = jax.config.jax_compilation_cache_dir
+    if not base:
+        return None
+    path = Path(base) / _FOLDER
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+def _key(name: str, static: dict, treedef, leaves) -> str:
+    h = hashlib.sha256()
+    for part in (name, repr(sorted(static.items())), str(treedef),
+                 repr([(x.shape, str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]),
+                 str(jax.config.jax_enable_x64), jax.default_backend(), jax.__version__, package_digest()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def cached_jit(fn=None, *, static_argnames: tuple[str, ...] = ()):
+    """`jax.jit(fn, static_argnames=...)`, whose lowered program is exported to and
+    loaded from disk when the persistent compilation cache is on (module docstring).
+    Same call signature and results as the jitted function."""
+    if fn is None:
+        return functools.partial(cached_jit, static_argnames=static_argnames)
+    jitted = jax.jit(fn, static_argnames=static_argnames)
+    sig = inspect.signature(fn)
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    keys: set[str] = set()
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        folder = _folder()
+        if folder is None:
+            return jitted(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        static = {k: v for k, v in bound.arguments.items() if k in static_argnames}
+        dynamic = {k: v for k, v in bound.arguments.items() if k not in static_argnames}
+        leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+        leaves = [jnp.asarray(x) for x in leaves]
+        key = _key(name, static, treedef, leaves)
+        try:
+            exp, out_tree = _program(folder, key, name, fn, static, treedef, leaves)
+        except Exception:  # noqa: BLE001 - never worse than jit: it traces, and raises what it raises
+            return jitted(*args, **kwargs)
+        keys.add(key)
+        return jax.tree_util.tree_unflatten(out_tree, exp.call(*leaves))
+
+    call.jitted = jitted
+    # programs built or loaded so far, as `jax.jit`'s own _cache_size() counts them
+    call._cache_size = lambda: jitted._cache_size() + len(keys)
+    return call
+
+
+def _program(folder: Path, key: str, name: str, fn, static: dict, treedef, leaves):
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+    path = folder / f"{name.rsplit('.', 1)[-1]}-{key}.jaxexport"
+    if path.exists():
+        blob, out_tree = pickle.loads(path.read_bytes())
+        loaded = (jax.export.deserialize(blob), out_tree)
+    else:
+        out_trees = []
+
+        def flat(*xs):
+            out = fn(**jax.tree_util.tree_unflatten(treedef, list(xs)), **static)
+            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+            out_trees.append(out_tree)
+            return out_leaves
+
+        exp = jax.export.export(jax.jit(flat))(*leaves)
+        loaded = (exp, out_trees[-1])
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(pickle.dumps((exp.serialize(), out_trees[-1])))
+        tmp.replace(path)  # atomic: a concurrent reader sees all of it or none
+    with _lock:
+        _loaded[key] = loaded
+    return loaded

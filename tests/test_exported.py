@@ -1,0 +1,93 @@
+"""Exported programs cached on disk (`splitwise_jax._exported.cached_jit`)."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from splitwise_jax import _exported as E
+
+
+class _Out(NamedTuple):
+    total: jax.Array
+    scaled: jax.Array
+
+
+TRACES = []
+
+
+def _model(x, params, steps):
+    TRACES.append(steps)  # Python runs only while tracing
+    y = x
+    for _ in range(steps):
+        y = jnp.tanh(y * params["a"] + params["b"])
+    return _Out(jnp.sum(y), y * 2.0)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh compilation-cache folder for the test, and no programs remembered."""
+    old = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    monkeypatch.setattr(E, "_loaded", {})
+    yield tmp_path
+    jax.config.update("jax_compilation_cache_dir", old)
+
+
+def _args():
+    return jnp.linspace(-1.0, 1.0, 5), {"a": jnp.asarray(0.7), "b": 0.1}
+
+
+def test_same_results_as_jit_and_no_tracing_once_exported(cache_dir, monkeypatch):
+    f = E.cached_jit(_model, static_argnames=("steps",))
+    x, p = _args()
+    want = jax.jit(_model, static_argnames=("steps",))(x, p, 3)
+    TRACES.clear()
+    got = f(x, p, 3)
+    assert isinstance(got, _Out)
+    np.testing.assert_allclose(got.scaled, want.scaled, rtol=0, atol=0)
+    np.testing.assert_allclose(got.total, want.total, rtol=0, atol=0)
+    assert len(list((cache_dir / "exported").glob("*.jaxexport"))) == 1
+    # A new process: nothing remembered, the program comes from disk; Python does not trace.
+    monkeypatch.setattr(E, "_loaded", {})
+    TRACES.clear()
+    again = E.cached_jit(_model, static_argnames=("steps",))(x * 0.5, p, 3)
+    assert TRACES == []
+    np.testing.assert_allclose(again.scaled, jax.jit(_model, static_argnames=("steps",))(x * 0.5, p, 3).scaled,
+                               rtol=0, atol=0)
+
+
+def test_static_args_and_shapes_key_the_program(cache_dir):
+    f = E.cached_jit(_model, static_argnames=("steps",))
+    before = f._cache_size()  # jax.jit's own count is shared with other wrappers of _model
+    x, p = _args()
+    f(x, p, 2)
+    f(x, p, 3)
+    f(jnp.ones(7), p, 3)
+    f(x * 3.0, p, 3)  # new values, same shapes: the same program
+    assert len(list((cache_dir / "exported").glob("*.jaxexport"))) == 3
+    assert f._cache_size() - before == 3
+
+
+def test_without_a_cache_folder_it_is_plain_jit(cache_dir, monkeypatch):
+    monkeypatch.setattr(E, "_folder", lambda: None)  # as when no CLI turned the cache on
+    f = E.cached_jit(_model, static_argnames=("steps",))
+    x, p = _args()
+    out = f(jnp.ones(11), p, 2)
+    assert not (cache_dir / "exported").exists()
+    np.testing.assert_allclose(out.total, jax.jit(_model, static_argnames=("steps",))(jnp.ones(11), p, 2).total)
+
+
+def test_errors_while_building_are_the_functions_own(cache_dir):
+    def bad(x):
+        raise ValueError("x: not accepted")
+
+    with pytest.raises(ValueError, match="x: not accepted"):
+        E.cached_jit(bad)(jnp.ones(2))
+
+
+def test_package_digest_is_stable():
+    assert E.package_digest() == E.package_digest()
+    assert len(E.package_digest()) == 64
