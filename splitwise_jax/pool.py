@@ -32,8 +32,8 @@ The number of prompt iterations a request sits through is Poisson with mean
 tokens sits through zero, one or two, and its TBT is multi-modal, not Gaussian).
 
 The fixed point is found by damped Newton iteration in log B with a fixed trip count,
-so it is jit/vmap/grad-able (gradients flow through the unrolled iterations, which
-converge to machine precision). A pool with no decode traffic is a prompt pool (B = 0);
+so it is jit/vmap/grad-able; the iteration itself is not differentiated, its gradient
+is the implicit one at the root (exact; `_steady_state`). A pool with no decode traffic is a prompt pool (B = 0);
 one with no prompts is a token pool.
 
 References:
@@ -183,7 +183,6 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
     return _steady_state(args)
 
 
-
 def pool_states(*calls: dict) -> list[PoolState]:
     """`pool_state` of several independent pools (each a dict of its keyword
     arguments), as one vmapped call when their timings have the same structure (the
@@ -214,12 +213,9 @@ def newton_log_root(residual: Callable, iters: int, args, log_b0):
     exact at the root: dlog B = -(dr/dargs . dargs) / (dr/dlog B). For fixed points whose
     state is rebuilt at the root by the caller (chunked.chunked_state); `pool_state`
     carries its state out of the loop instead. Slopes as in `_root`."""
-    eps = 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
-
     def newton(_, log_b):
-        r = jax.vmap(lambda lb: residual(args, lb))(jnp.stack([log_b, log_b + eps]))
-        slope = (r[1] - r[0]) / eps
-        return log_b - jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
+        r = jax.vmap(lambda lb: residual(args, lb))(jnp.stack([log_b, log_b + _slope_step()]))
+        return _newton_step(log_b, r)
 
     return jax.lax.fori_loop(0, iters, newton, log_b0)
 
@@ -233,6 +229,20 @@ def _newton_log_root_jvp(residual, iters, primals, tangents):
     r_theta = lin(args_dot, jnp.zeros_like(log_b))
     r_b = lin(jax.tree_util.tree_map(jnp.zeros_like, args_dot), jnp.ones_like(log_b))
     return log_b, -r_theta / jnp.where(jnp.abs(r_b) > 1e-6, r_b, 1e-6)
+
+
+def _slope_step():
+    """Step in log B of the Newton slope's forward difference: 1e-6 in float64, 1e-3 in
+    float32 (read when traced, so it follows the x64 flag)."""
+    return 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
+
+
+def _newton_step(log_b, r):
+    """One damped Newton step from the residual at log B and at log B + `_slope_step()`:
+    the slope floored at 0.05 and the step clipped to +-2 (`_root`)."""
+    slope = (r[1] - r[0]) / _slope_step()
+    return log_b - jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
+
 
 # B of a pool without decode traffic: where the residual's floor (need >= 1e-12) puts it.
 _NO_BATCH = 1e-12
@@ -255,24 +265,18 @@ def _root(args):
     the residual's slope lies in (0, 1]; flooring it at 0.05 and clipping steps to +-2
     (a factor e^2) keeps the iteration safe from a poor start (the initial guess assumes
     a 40 ms iteration; 12 steps reach machine precision from any start within a factor
-    e^8 of the answer). The slope is a forward difference over eps in log B, the pair
-    evaluated as one vmapped call (relative error ~ eps + ulp / eps: it sets how fast
+    e^8 of the answer). The slope is a forward difference over a step eps in log B, the
+    pair evaluated as one vmapped call (relative error ~ eps + ulp / eps: it sets how fast
     the iteration converges, not where it stops). The loop carries the state at the
     iterate it evaluated, so one more step gives the state at the answer without a
     second copy of the phase model in the program."""
     n_machines, decode_rate, mean_decode_iters, batch_cap = args[1], args[6], args[7], args[9]
     lam_d = decode_rate / jnp.maximum(n_machines, 1e-6)
-    eps = 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
-    first = jax.tree_util.Partial(jax.tree_util.tree_map, lambda a: a[0])
-
-    def pair(log_b):
-        return jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + eps]))
 
     def newton(_, carry):
         log_b, _ = carry
-        st, r = pair(log_b)
-        slope = (r[1] - r[0]) / eps
-        return log_b - jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0), (log_b, first(st))
+        st, r = jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + _slope_step()]))
+        return _newton_step(log_b, r), (log_b, jax.tree_util.tree_map(lambda a: a[0], st))
 
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     log_b0 = jnp.log(b0)
@@ -287,8 +291,8 @@ def _steady_state(args) -> PoolState:
     """The state at the root B* of Little's law. Its derivative is the implicit one
     (`_steady_state_jvp`), so neither the forward program nor a gradient carries the
     Newton iteration's derivative: tracing a gradient through the loop was half of a
-    cluster gradient program's tracing time, and the forward program holds one copy of
-    the phase model in the loop and one for the answer (docs/speed.md §4)."""
+    cluster gradient program's tracing time; the forward program holds one copy of the
+    phase model, in the loop (docs/speed.md §4)."""
     return _root(args)[1]
 
 
