@@ -193,6 +193,10 @@ class DecodeRoute(NamedTuple):
     # prompt on its machine, which run before its decode steps: mean and variance.
     burst_iters: jax.Array | float = 0.0
     burst_iters_var: jax.Array | float = 0.0
+    # Decode steps that sit through prompt interference at this route's rate: all of
+    # them in a steady state; in a trace's queued regime only those before the pool's
+    # backlog drains (`_windowed_components`).
+    interfered_steps: jax.Array | float = 1e9
 
 
 class Flows(NamedTuple):
@@ -523,7 +527,8 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixture
     decodes = []    # per decode route: decode time, its variance, weight, each (J, K, M)
     for dr in flows.decode_routes:
         st = dr.state
-        lam = cls.iters[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]   # (K, M)
+        steps = smooth_min_pos(cls.iters, dr.interfered_steps, 8.0)
+        lam = steps[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]         # (K, M)
         cw, cm, cv = _count_mixture(lam)                                                  # (J, K, M)
         n_int = cm + dr.burst_iters
         dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
@@ -566,45 +571,113 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixture
     return Mixtures(ttft, tbt, e2e)
 
 
-# Quadrature points over a window for the mean backlog its arrivals find, and the
+# Quadrature points over a sub-bin for the mean backlog its arrivals find, and the
 # temperature (s) of the smooth max(backlog, 0) (a few ms: below one prompt's service).
-_BACKLOG_POINTS = 8
+_BACKLOG_POINTS = 4
 _BACKLOG_TEMPERATURE_S = 0.005
+# A sub-bin ends "flat out" while its backlog exceeds this fraction of a prompt's
+# service time (smoothly: U / (U + edge E[S])); the product of these over a busy stretch
+# must stay near 1, so the edge is sharp.
+_BUSY_EDGE = 0.02
 
 
 def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolution):
     """`_components` for every window of an arrival profile, merged into one mixture:
     each window's routes become routes of the whole, weighted by its share of arrivals.
 
-    Queues carry over between windows as a fluid: the prompt pool's per-machine backlog
-    U (s of work) grows at rho_w - 1 through window w and never falls below zero; the
-    arrivals of a window find its mean, which is added to their prompt wait, and a
-    window that drains a backlog runs its prompt pool at the load it serves
-    (rho_w + (U_w - U_{w+1}) / window), so the decodes sharing those machines see it.
+    Queues carry over as a fluid on the profile's sub-bins (docs/cluster.md §3c): the
+    prompt pool's per-machine backlog U (s of work) grows at rho_w x sub_rel - 1 through
+    each sub-bin of window w and never falls below zero. Each window's arrivals split in
+    two regimes by the backlog their sub-bin finds (smoothly, q = U / (U + E[S])):
+    *queued* arrivals find the arrival-weighted mean U of their sub-bins, which is their
+    wait, while the pool runs flat out (prompt load 1: the decodes sharing its machines
+    sit through prompt after prompt); *free* arrivals see the load of their own sub-bins
+    and the in-window wait law (bursts shorter than a sub-bin).
     """
     share = prof.rate_rel / jnp.sum(prof.rate_rel)
     dt = prof.window_s
+    n_sub = prof.sub_rel.shape[1]
+    h = dt / n_sub
     bursts = Burstiness(prof.idc, jnp.broadcast_to(prof.idc_scale_s, prof.idc.shape))
-    first = jax.vmap(lambda rel, b: flows_at(lam * rel, b, dt).st_p.rho_prompt)(prof.rate_rel, bursts)
-    u = dt * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
 
-    def step(backlog, rho):
-        ramp = softplus(backlog + (rho - 1.0) * u, _BACKLOG_TEMPERATURE_S)
-        end = softplus(backlog + (rho - 1.0) * dt, _BACKLOG_TEMPERATURE_S)
-        served = rho + (backlog - end) / dt
-        return end, (jnp.mean(ramp), served)
+    def load(rel, b):
+        flows = flows_at(lam * rel, b, dt)
+        st = flows.st_p
+        if flows.st_t is None:
+            return st.rho_prompt, st.mean_prompt_s, jnp.ones_like(st.rho_prompt)
+        # Splitwise: the prompt pool's load were it to take every prompt, and the
+        # capacity the token machines add once drafting starts (each drafts at its own
+        # prompt speed), per prompt machine.
+        n_p = jnp.asarray(cluster.n_prompt, float)
+        speed = jnp.dot(cls.wp, st.prompt_s) / jnp.maximum(jnp.dot(cls.wp, flows.st_t.prompt_s), 1e-9)
+        extra = jnp.asarray(cluster.n_token, float) / n_p * speed
+        return lam * rel * st.mean_prompt_s / n_p, st.mean_prompt_s, 1.0 + extra
 
-    _, (mean_backlog, served) = jax.lax.scan(step, jnp.asarray(0.0), first)
-    scale = served / jnp.maximum(first, 1e-9)
+    first, service, capacity = jax.vmap(load)(prof.rate_rel, bursts)
+    u = h * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
+    # Drafting starts once a prompt would take the least-loaded prompt machine past
+    # draft_pending_tokens: that much work (s) per machine less one mean prompt.
+    mean_p = jnp.dot(cls.wp, cls.p)
+    draft_at = softplus(cluster.scheduling.draft_pending_tokens - mean_p, 64.0) * service / mean_p
 
-    def one(rel, b, w, backlog, sc):
+    def step(backlog, x):
+        rho, cap, u_d = x
+        c = 1.0 + (cap - 1.0) * jax.nn.sigmoid((backlog - u_d) / (0.25 * u_d))
+        ramp = softplus(backlog + (rho - c) * u, _BACKLOG_TEMPERATURE_S)
+        end = softplus(backlog + (rho - c) * h, _BACKLOG_TEMPERATURE_S)
+        return end, (jnp.mean(ramp), end)
+
+    rho_sub = first[:, None] * prof.sub_rel
+    per_sub = lambda x: jnp.broadcast_to(x[:, None], prof.sub_rel.shape).reshape(-1)  # noqa: E731
+    _, (found, ends) = jax.lax.scan(step, jnp.asarray(0.0), (rho_sub.reshape(-1), per_sub(capacity), per_sub(draft_at)))
+    found = found.reshape(prof.sub_rel.shape)
+    serv_sub = jnp.broadcast_to(service[:, None], prof.sub_rel.shape).reshape(-1)
+    busy_end = ends / (ends + _BUSY_EDGE * serv_sub)
+    # How long the pool stays flat out after each sub-bin's end: backwards, a busy end
+    # lasts the next sub-bin and beyond if that one ends busy too, else until its
+    # backlog drains at the next sub-bin's spare rate.
+    spare = per_sub(capacity) - rho_sub.reshape(-1)
+    drain = smooth_min_pos(ends / jnp.maximum(jnp.roll(spare, -1), 0.05), h, 8.0)
+
+    def back(later, x):
+        be, be_next, dr = x
+        d = be * ((1.0 - be_next) * dr + be_next * (h + later))
+        return d, d
+
+    _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
+                               reverse=True)
+    busy_for = busy_for.reshape(prof.sub_rel.shape)
+    queued = found / (found + service[:, None])
+    # Flat-out time left after a queued arrival's own wait, from the middle of its sub-bin.
+    left = softplus(0.5 * h + busy_for - found, _BACKLOG_TEMPERATURE_S)
+    arrivals_q = prof.sub_rel * queued
+    arrivals_f = prof.sub_rel * (1.0 - queued)
+    share_q = jnp.sum(arrivals_q, axis=1) / n_sub
+    backlog_q = jnp.sum(arrivals_q * found, axis=1) / jnp.maximum(jnp.sum(arrivals_q, axis=1), 1e-12)
+    backlog_f = jnp.sum(arrivals_f * found, axis=1) / jnp.maximum(jnp.sum(arrivals_f, axis=1), 1e-12)
+    left_q = jnp.sum(arrivals_q * left, axis=1) / jnp.maximum(jnp.sum(arrivals_q, axis=1), 1e-12)
+    # Free arrivals see the mean load of their own sub-bins (time-weighted).
+    rho_f = jnp.sum((1.0 - queued) * rho_sub, axis=1) / jnp.maximum(jnp.sum(1.0 - queued, axis=1), 1e-12)
+    safe_first = jnp.maximum(first, 1e-9)
+
+    def one(rel, b, w, backlog, sc, waits, busy_s):
         flows = flows_at(lam * rel * sc, b, dt)
-        first_route = flows.prompt_routes[0]._replace(backlog_s=backlog)
-        flows = flows._replace(prompt_routes=(first_route,) + tuple(flows.prompt_routes[1:]))
+        # The backlog is the fluid's, of the prompt pool and the machines drafted to help
+        # it: every prompt route finds it; queued arrivals wait it and nothing more.
+        prompts = tuple(r._replace(backlog_s=backlog, wait=r.wait._replace(p_wait=r.wait.p_wait * waits))
+                        for r in flows.prompt_routes)
+        decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9))
+                        for dr in flows.decode_routes)
+        flows = flows._replace(prompt_routes=prompts, decode_routes=decodes)
         return Mixtures(*(m._replace(weight=m.weight * w) for m in _components(cluster, cls, flows, res)))
 
-    per_window = jax.vmap(one)(prof.rate_rel, bursts, share, mean_backlog, scale)
-    return Mixtures(*(merge_routes(m) for m in per_window))
+    two = lambda a, b: jnp.concatenate([a, b])  # noqa: E731
+    per_regime = jax.vmap(one)(
+        two(prof.rate_rel, prof.rate_rel), jax.tree_util.tree_map(two, bursts, bursts),
+        two(share * (1.0 - share_q), share * share_q), two(backlog_f, backlog_q),
+        two(rho_f / safe_first, capacity / safe_first), two(jnp.ones_like(first), jnp.zeros_like(first)),
+        two(jnp.full_like(first, 1e9), left_q))
+    return Mixtures(*(merge_routes(m) for m in per_regime))
 
 
 def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):

@@ -97,6 +97,15 @@ _MIN_ARRIVALS_PER_WINDOW = 50
 # at (`queueing.Burstiness`). A scale needs at least this many bins inside a window.
 IDC_SCALES_S = np.geomspace(0.01, 10.0, 7)
 _MIN_IDC_BINS = 4
+# Each window is cut again into sub-bins of about this many arrivals on average (at
+# most _MAX_SUB_BINS) for the fluid backlog that carries queues across a burst
+# (`cluster._windowed_components`): the code replay's 20 s windows get 14 sub-bins of
+# ~1.4 s, the scale at which its prompt queue fills and drains (a fluid over its own
+# arrivals reproduces the reference's queue waits at 1-2 s bins and under-reads them
+# by half at 10 s, studies/out notes in docs/cluster.md §3c). Fewer arrivals per bin
+# would let Poisson noise, which the in-window wait law already counts, build backlog.
+_ARRIVALS_PER_SUB_BIN = 20
+_MAX_SUB_BINS = 20
 
 
 @jax.tree_util.register_dataclass
@@ -115,6 +124,8 @@ class ArrivalProfile:
             queues read at their own service time, `queueing.Burstiness`).
         idc_scale_s: (L,) the scales tau (s); they shrink with the windows when a rate
             rescales the trace's time.
+        sub_rel: (W, S) each window cut into S equal sub-bins: each sub-bin's arrival
+            rate over its window's (mean 1 across a window with arrivals).
     """
 
     rate_rel: jax.Array
@@ -122,10 +133,13 @@ class ArrivalProfile:
     window_s: jax.Array
     idc: jax.Array
     idc_scale_s: jax.Array
+    sub_rel: jax.Array
 
     @classmethod
-    def from_arrivals(cls, arrival_s: np.ndarray, n_windows: int | None = None) -> "ArrivalProfile":
-        """Cuts the arrival times [first, last] into windows (see `_MAX_WINDOWS`)."""
+    def from_arrivals(cls, arrival_s: np.ndarray, n_windows: int | None = None,
+                      n_sub_bins: int | None = None) -> "ArrivalProfile":
+        """Cuts the arrival times [first, last] into windows (see `_MAX_WINDOWS`) and
+        each window into sub-bins (see `_ARRIVALS_PER_SUB_BIN`)."""
         t = np.sort(np.asarray(arrival_s, float))
         span = float(t[-1] - t[0])
         if n_windows is None:
@@ -149,9 +163,15 @@ class ArrivalProfile:
                     continue  # too coarse a scale for this window, or nothing in it: Poisson's 1
                 n, _ = np.histogram(t[idx == w], bins=bins, range=(edges[w], edges[w] + bins * tau))
                 idc[w, j] = float(n.var() / n.mean()) if n.mean() > 0 else 1.0
+        if n_sub_bins is None:
+            n_sub_bins = int(np.clip(counts.mean() // _ARRIVALS_PER_SUB_BIN, 1, _MAX_SUB_BINS))
+        within = np.clip(((t - edges[idx]) / window_s * n_sub_bins).astype(int), 0, n_sub_bins - 1)
+        sub = np.bincount(idx * n_sub_bins + within, minlength=n_windows * n_sub_bins)
+        sub = sub.reshape(n_windows, n_sub_bins).astype(float)
+        sub_rel = np.where(counts[:, None] > 0, sub * n_sub_bins / np.maximum(counts[:, None], 1.0), 1.0)
         return cls(rate_rel=_as_float_array(rate_rel), cv2=_as_float_array(cv2),
                    window_s=_as_float_array(window_s), idc=_as_float_array(idc),
-                   idc_scale_s=_as_float_array(IDC_SCALES_S))
+                   idc_scale_s=_as_float_array(IDC_SCALES_S), sub_rel=_as_float_array(sub_rel))
 
 
 @jax.tree_util.register_dataclass

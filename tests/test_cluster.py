@@ -426,3 +426,37 @@ def _sample_sizes(wl, n, rng):
     k = rng.choice(wl.weights.size, size=n, p=np.asarray(wl.weights).ravel())
     i, j = np.unravel_index(k, wl.weights.shape)
     return np.asarray(wl.prompt_tokens)[i].round(), np.asarray(wl.output_tokens)[j].round()
+
+
+def test_trace_overload_stretch_builds_a_fluid_backlog():
+    """A trace that overloads the prompt pool for a stretch of D seconds (docs/cluster.md
+    §3c): its queue grows at rho_b - 1 seconds of wait per second and drains after, so
+    the last arrivals of the stretch wait ~(rho_b - 1) D and the mean queued arrival half
+    that; doubling D doubles the wait. Read at TTFT P99 / P90 (the stretch holds 1/3 of
+    the arrivals); rho_b is the model's own prompt load at the stretch's rate. Tolerance
+    25%: the wait law adds its own in-window wait and the percentile mixes windows."""
+    import pandas as pd
+
+    from splitwise_jax.workload import Workload, coarsen
+
+    base = coarsen(workload("coding", 1.0), 8, 8)
+    c = make_cluster("baseline-h100", 16.0)
+    rng = np.random.default_rng(0)
+    calm, busy = 15.0, 65.0   # req/s: load ~0.35, then ~1.35
+    rho_b = float(evaluate(c, base.with_rate(busy), HORIZON_S).rho_prompt_pool)
+    assert 1.1 < rho_b < 1.6
+
+    def run(d):
+        t = np.concatenate([np.sort(rng.uniform(0.0, 40.0, int(calm * 40))),
+                            40.0 + np.sort(rng.uniform(0.0, d, int(busy * d))),
+                            40.0 + d + np.sort(rng.uniform(0.0, 80.0, int(calm * 80)))])
+        p, o = _sample_sizes(base, len(t), rng)
+        df = pd.DataFrame({"arrival_s": t, "prompt_tokens": p, "output_tokens": o})
+        wl = Workload.from_trace(df, arrival="trace", n_prompt_bins=8, n_output_bins=8)
+        return np.asarray(evaluate(c, wl, HORIZON_S).ttft_s)
+
+    short, long = run(10.0), run(20.0)
+    for ttft, d in ((short, 10.0), (long, 20.0)):
+        peak = (rho_b - 1.0) * d
+        assert abs(ttft[2] / peak - 1.0) < 0.25, (ttft, peak)
+    assert 1.6 < long[2] / short[2] < 2.4

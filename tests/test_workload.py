@@ -369,6 +369,19 @@ def test_arrival_profile_windows():
     np.testing.assert_allclose(float(prof.window_s), (t.max() - t.min()) / 2)
 
 
+def test_arrival_profile_sub_bins():
+    """Each window's sub-bins (for the fluid backlog across bursts): their rates average
+    to the window's (mean 1), a burst shows in its own sub-bin, an empty window reads 1."""
+    t = np.concatenate([np.linspace(0.0, 9.99, 200), 10.0 + np.linspace(0.0, 0.49, 200), [19.0, 30.0]])
+    prof = ArrivalProfile.from_arrivals(t, n_windows=3, n_sub_bins=10)
+    sub = np.asarray(prof.sub_rel)
+    assert sub.shape == (3, 10)
+    np.testing.assert_allclose(sub.mean(axis=1)[:2], 1.0)
+    assert sub[1, 0] > 9.0 and np.all(sub[1, 2:6] == 0.0)   # the half-second burst: ~10x its window's rate
+    default = ArrivalProfile.from_arrivals(np.sort(np.random.default_rng(0).uniform(0, 100, 3_000)))
+    assert default.sub_rel.shape == (30, 5)                   # 100 arrivals per window: 20 per sub-bin
+
+
 def test_arrival_profile_index_of_dispersion():
     """Each window's IDC: ~1 at every scale for Poisson arrivals, ~2 m - 1 for Poisson
     batches of geometric size m (at scales shorter than a window), and the scales shrink
