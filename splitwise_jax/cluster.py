@@ -43,7 +43,7 @@ from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax.paper import TABLE_VI_SLO
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.pool import PoolState, pool_state, pool_states
+from splitwise_jax.pool import _MAX_PREEMPTIONS, PoolState, pool_state, pool_states
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
 from splitwise_jax.queueing import Burstiness, WaitModel, burst_size, wait_cdf_busy, wait_model
@@ -666,8 +666,14 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         # it: every prompt route finds it; queued arrivals wait it and nothing more.
         prompts = tuple(r._replace(backlog_s=backlog, wait=r.wait._replace(p_wait=r.wait.p_wait * waits))
                         for r in flows.prompt_routes)
-        decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9))
+        # Flat out, a prompt machine's decoders cannot be avoided by the prompts (every
+        # machine holds a queue) and the machine is never idle: each decode step waits
+        # through prompt iterations until one carries it (`_flat_out`).
+        flat = _flat_out(flows.st_p)
+        decodes = tuple(dr._replace(state=jax.tree_util.tree_map(lambda a, b: waits * a + (1.0 - waits) * b,
+                                                                 dr.state, flat) if dr.state is flows.st_p else dr.state)
                         for dr in flows.decode_routes)
+        decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9)) for dr in decodes)
         flows = flows._replace(prompt_routes=prompts, decode_routes=decodes)
         return Mixtures(*(m._replace(weight=m.weight * w) for m in _components(cluster, cls, flows, res)))
 
@@ -678,6 +684,18 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         two(rho_f / safe_first, capacity / safe_first), two(jnp.ones_like(first), jnp.zeros_like(first)),
         two(jnp.full_like(first, 1e9), left_q))
     return Mixtures(*(merge_routes(m) for m in per_regime))
+
+
+def _flat_out(st: PoolState) -> PoolState:
+    """A pool's state for its decoders while its prompt queue never empties: busy 1 and
+    no routing around them, so the share of a decoder's time lost is E[X] / E[T_prompt]
+    and it sits through 1 / (1 - that) x t_d / E[X] prompt iterations per step (the
+    reciprocal of the share of prompt iterations that carry it), at most
+    `_MAX_PREEMPTIONS` (`pool._rates` with phi = busy = 1)."""
+    frac = st.interf_mean_s / jnp.maximum(st.mean_prompt_s, 1e-9)
+    per_step = frac / jnp.maximum(1.0 - frac, 1e-6) * st.decode_s / jnp.maximum(st.interf_mean_s, 1e-9)
+    events = smooth_min_pos(per_step, _MAX_PREEMPTIONS, 8.0)
+    return st._replace(events_per_step=events, step_s=st.decode_s + events * st.interf_mean_s)
 
 
 def _pool_power_w(timing, n, st: PoolState, mean_p, mean_p2, ctx):
