@@ -660,7 +660,13 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     rho_f = jnp.sum((1.0 - queued) * rho_sub, axis=1) / jnp.maximum(jnp.sum(1.0 - queued, axis=1), 1e-12)
     safe_first = jnp.maximum(first, 1e-9)
 
-    def one(rel, b, w, backlog, sc, waits, busy_s):
+    # Past the drafting threshold on every machine (token machines already drafted), the
+    # reference runs a request wholly on the least-loaded machine: a queued arrival's
+    # decode then stays on its prompt's machine, flat out like a colocated one (the
+    # HH 10+3 code replay: 51 % of decodes on their prompt's machine, ~0.25 s a step).
+    whole = jax.nn.sigmoid((backlog_q - draft_at) / (0.25 * draft_at))
+
+    def one(rel, b, w, backlog, sc, waits, busy_s, colocated):
         flows = flows_at(lam * rel * sc, b, dt)
         # The backlog is the fluid's, of the prompt pool and the machines drafted to help
         # it: every prompt route finds it; queued arrivals wait it and nothing more.
@@ -674,6 +680,10 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
                                                                  dr.state, flat) if dr.state is flows.st_p else dr.state)
                         for dr in flows.decode_routes)
         decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9)) for dr in decodes)
+        if flows.st_t is not None:   # Splitwise: decodes on (the token pool, the prompt pool)
+            tok, own = decodes
+            decodes = (tok._replace(weight=tok.weight * (1.0 - colocated)),
+                       own._replace(weight=own.weight + tok.weight * colocated))
         flows = flows._replace(prompt_routes=prompts, decode_routes=decodes)
         return Mixtures(*(m._replace(weight=m.weight * w) for m in _components(cluster, cls, flows, res)))
 
@@ -682,7 +692,7 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         two(prof.rate_rel, prof.rate_rel), jax.tree_util.tree_map(two, bursts, bursts),
         two(share * (1.0 - share_q), share * share_q), two(backlog_f, backlog_q),
         two(rho_f / safe_first, capacity / safe_first), two(jnp.ones_like(first), jnp.zeros_like(first)),
-        two(jnp.full_like(first, 1e9), left_q))
+        two(jnp.full_like(first, 1e9), left_q), two(jnp.zeros_like(first), whole))
     return Mixtures(*(merge_routes(m) for m in per_regime))
 
 
