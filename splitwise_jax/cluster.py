@@ -581,6 +581,44 @@ _BACKLOG_TEMPERATURE_S = 0.005
 _BUSY_EDGE = 0.02
 
 
+def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
+    """The prompt pool's fluid backlog over a trace's sub-bins (docs/cluster.md §3c).
+
+    Args: each sub-bin's prompt load (W, S); per window the capacity once drafting
+    starts, the backlog (s of work) at which it starts, the mean prompt service time
+    (each (W,)); the sub-bin length h (s).
+
+    Returns (W, S): the mean backlog a sub-bin's arrivals find, and how long the pool
+    stays flat out after the sub-bin ends.
+    """
+    shape = rho_sub.shape
+    per_sub = lambda x: jnp.broadcast_to(x[:, None], shape).reshape(-1)  # noqa: E731
+    rho = rho_sub.reshape(-1)
+    u = h * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
+
+    def step(backlog, x):
+        r, cap, u_d = x
+        c = 1.0 + (cap - 1.0) * jax.nn.sigmoid((backlog - u_d) / (0.25 * u_d))
+        ramp = softplus(backlog + (r - c) * u, _BACKLOG_TEMPERATURE_S)
+        end = softplus(backlog + (r - c) * h, _BACKLOG_TEMPERATURE_S)
+        return end, (jnp.mean(ramp), end)
+
+    _, (found, ends) = jax.lax.scan(step, jnp.asarray(0.0), (rho, per_sub(capacity), per_sub(draft_at)))
+    busy_end = ends / (ends + _BUSY_EDGE * per_sub(service))
+    # Backwards: a busy end lasts the next sub-bin and beyond if that one ends busy too,
+    # else until its backlog drains at the next sub-bin's spare rate.
+    drain = smooth_min_pos(ends / jnp.maximum(jnp.roll(per_sub(capacity) - rho, -1), 0.05), h, 8.0)
+
+    def back(later, x):
+        be, be_next, dr = x
+        d = be * ((1.0 - be_next) * dr + be_next * (h + later))
+        return d, d
+
+    _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
+                               reverse=True)
+    return found.reshape(shape), busy_for.reshape(shape)
+
+
 def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolution):
     """`_components` for every window of an arrival profile, merged into one mixture:
     each window's routes become routes of the whole, weighted by its share of arrivals.
@@ -614,39 +652,12 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         return lam * rel * st.mean_prompt_s / n_p, st.mean_prompt_s, 1.0 + extra
 
     first, service, capacity = jax.vmap(load)(prof.rate_rel, bursts)
-    u = h * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
     # Drafting starts once a prompt would take the least-loaded prompt machine past
     # draft_pending_tokens: that much work (s) per machine less one mean prompt.
     mean_p = jnp.dot(cls.wp, cls.p)
     draft_at = softplus(cluster.scheduling.draft_pending_tokens - mean_p, 64.0) * service / mean_p
-
-    def step(backlog, x):
-        rho, cap, u_d = x
-        c = 1.0 + (cap - 1.0) * jax.nn.sigmoid((backlog - u_d) / (0.25 * u_d))
-        ramp = softplus(backlog + (rho - c) * u, _BACKLOG_TEMPERATURE_S)
-        end = softplus(backlog + (rho - c) * h, _BACKLOG_TEMPERATURE_S)
-        return end, (jnp.mean(ramp), end)
-
     rho_sub = first[:, None] * prof.sub_rel
-    per_sub = lambda x: jnp.broadcast_to(x[:, None], prof.sub_rel.shape).reshape(-1)  # noqa: E731
-    _, (found, ends) = jax.lax.scan(step, jnp.asarray(0.0), (rho_sub.reshape(-1), per_sub(capacity), per_sub(draft_at)))
-    found = found.reshape(prof.sub_rel.shape)
-    serv_sub = jnp.broadcast_to(service[:, None], prof.sub_rel.shape).reshape(-1)
-    busy_end = ends / (ends + _BUSY_EDGE * serv_sub)
-    # How long the pool stays flat out after each sub-bin's end: backwards, a busy end
-    # lasts the next sub-bin and beyond if that one ends busy too, else until its
-    # backlog drains at the next sub-bin's spare rate.
-    spare = per_sub(capacity) - rho_sub.reshape(-1)
-    drain = smooth_min_pos(ends / jnp.maximum(jnp.roll(spare, -1), 0.05), h, 8.0)
-
-    def back(later, x):
-        be, be_next, dr = x
-        d = be * ((1.0 - be_next) * dr + be_next * (h + later))
-        return d, d
-
-    _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
-                               reverse=True)
-    busy_for = busy_for.reshape(prof.sub_rel.shape)
+    found, busy_for = _backlog_fluid(rho_sub, capacity, draft_at, service, h)
     queued = found / (found + service[:, None])
     # Flat-out time left after a queued arrival's own wait, from the middle of its sub-bin.
     left = softplus(0.5 * h + busy_for - found, _BACKLOG_TEMPERATURE_S)

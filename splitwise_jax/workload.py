@@ -102,7 +102,7 @@ _MIN_IDC_BINS = 4
 # (`cluster._windowed_components`): the code replay's 20 s windows get 14 sub-bins of
 # ~1.4 s, the scale at which its prompt queue fills and drains (a fluid over its own
 # arrivals reproduces the reference's queue waits at 1-2 s bins and under-reads them
-# by half at 10 s, studies/out notes in docs/cluster.md §3c). Fewer arrivals per bin
+# by half at 10 s, docs/cluster.md §3c). Fewer arrivals per bin
 # would let Poisson noise, which the in-window wait law already counts, build backlog.
 _ARRIVALS_PER_SUB_BIN = 20
 _MAX_SUB_BINS = 20
