@@ -43,7 +43,7 @@ from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax.paper import TABLE_VI_SLO
 from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.pool import _MAX_PREEMPTIONS, PoolState, pool_state, pool_states
+from splitwise_jax.pool import PoolState, interruptions_per_step, pool_state, pool_states
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
 from splitwise_jax.queueing import Burstiness, WaitModel, burst_size, wait_cdf_busy, wait_model
@@ -711,11 +711,10 @@ def _flat_out(st: PoolState) -> PoolState:
     """A pool's state for its decoders while its prompt queue never empties: busy 1 and
     no routing around them, so the share of a decoder's time lost is E[X] / E[T_prompt]
     and it sits through 1 / (1 - that) x t_d / E[X] prompt iterations per step (the
-    reciprocal of the share of prompt iterations that carry it), at most
-    `_MAX_PREEMPTIONS` (`pool._rates` with phi = busy = 1)."""
+    reciprocal of the share of prompt iterations that carry it), at most 4
+    (`pool.interruptions_per_step`, as `pool._rates` with phi = busy = 1)."""
     frac = st.interf_mean_s / jnp.maximum(st.mean_prompt_s, 1e-9)
-    per_step = frac / jnp.maximum(1.0 - frac, 1e-6) * st.decode_s / jnp.maximum(st.interf_mean_s, 1e-9)
-    events = smooth_min_pos(per_step, _MAX_PREEMPTIONS, 8.0)
+    events = interruptions_per_step(frac, st.decode_s, jnp.maximum(st.interf_mean_s, 1e-9))
     return st._replace(events_per_step=events, step_s=st.decode_s + events * st.interf_mean_s)
 
 

@@ -122,6 +122,14 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
     return (1.0 - mix_prob) * alone + mix_prob * mixed, mix_prob, t_d
 
 
+def interruptions_per_step(frac, t_decode, mean_loss):
+    """Prompt iterations a decoder sits through per decode step when it loses a share
+    ``frac`` of its time to them, each costing it ``mean_loss`` (E[X]) against its own
+    step ``t_decode``: frac / (1 - frac) x t_d / E[X], at most `_MAX_PREEMPTIONS`."""
+    per_step = frac / jnp.maximum(1.0 - frac, 1e-6) * t_decode / mean_loss
+    return smooth_min_pos(per_step, _MAX_PREEMPTIONS, p=8.0)
+
+
 def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens):
     t_p, mix_prob, t_d = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
     e_t = jnp.dot(prompt_w, t_p)
@@ -132,8 +140,7 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
     e_x = jnp.dot(prompt_w, x_k)
     var_x = jnp.maximum(jnp.dot(prompt_w, x_k**2) - e_x**2, 0.0)
     frac = jsq_share(batch) * busy * e_x / e_t          # share of a decoder's time lost
-    per_step = frac / jnp.maximum(1.0 - frac, 1e-6) * t_d / e_x
-    events = smooth_min_pos(per_step, _MAX_PREEMPTIONS, p=8.0)
+    events = interruptions_per_step(frac, t_d, e_x)
     step = t_d + events * e_x
     return t_p, e_t, busy, t_d, step, events, e_x, var_x
 
