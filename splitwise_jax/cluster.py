@@ -664,11 +664,11 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     arrivals_q = prof.sub_rel * queued
     arrivals_f = prof.sub_rel * (1.0 - queued)
     share_q = jnp.sum(arrivals_q, axis=1) / n_sub
-    backlog_q = jnp.sum(arrivals_q * found, axis=1) / jnp.maximum(jnp.sum(arrivals_q, axis=1), 1e-12)
-    backlog_f = jnp.sum(arrivals_f * found, axis=1) / jnp.maximum(jnp.sum(arrivals_f, axis=1), 1e-12)
-    left_q = jnp.sum(arrivals_q * left, axis=1) / jnp.maximum(jnp.sum(arrivals_q, axis=1), 1e-12)
+    mean_over = lambda wts, x: jnp.sum(wts * x, axis=1) / jnp.maximum(jnp.sum(wts, axis=1), 1e-12)  # noqa: E731
+    backlog_q, left_q = mean_over(arrivals_q, found), mean_over(arrivals_q, left)
+    backlog_f = mean_over(arrivals_f, found)
     # Free arrivals see the mean load of their own sub-bins (time-weighted).
-    rho_f = jnp.sum((1.0 - queued) * rho_sub, axis=1) / jnp.maximum(jnp.sum(1.0 - queued, axis=1), 1e-12)
+    rho_f = mean_over(1.0 - queued, rho_sub)
     safe_first = jnp.maximum(first, 1e-9)
 
     # Past the drafting threshold on every machine (token machines already drafted), the
