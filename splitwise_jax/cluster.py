@@ -389,19 +389,27 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
                                     dict(timing=T, n_machines=n_t, prompt_rate=lam, prompt_w=cls.wp, decode_rate=0.0,
                                          batch_cap=cap_T, **pool))
     t_alone = st_t_alone.prompt_s
-    has_t = n_t / (n_t + 1e-3)
 
-    def drafted(x_tot):
-        wm = wait_model(lam * (1.0 - x_tot), st_p0.mean_prompt_s, st_p0.scv_prompt, n_p, ca2, horizon_s)
-        want = _drafted_share(wm, st_p0, cls, sched, res)
-        w_d = cls.wp * want / jnp.maximum(jnp.dot(cls.wp, want), 1e-30) + 1e-12 * cls.wp
-        e_s = jnp.dot(w_d, t_alone) / jnp.sum(w_d)
-        scv = jnp.maximum(jnp.dot(w_d, t_alone**2) / jnp.sum(w_d) / e_s**2 - 1.0, 0.0)
-        wm_t = wait_model(lam * x_tot, e_s, scv, n_t, ca2, horizon_s)
-        return want * (1.0 - wm_t.p_wait * _queue_share(wm_t, e_s)) * has_t, wm
+    def drafting(n_pp, n_dd):
+        """Drafted share (total, per class) and the prompt pool's wait law, with n_pp
+        machines in the prompt pool and n_dd machines to draft onto."""
+        has_t = n_dd / (n_dd + 1e-3)
 
-    x_tot = _fixed_point_01(lambda u: jnp.dot(cls.wp, drafted(u)[0]))
-    x_k, wm_p0 = drafted(x_tot)
+        def drafted(x_tot):
+            wm = wait_model(lam * (1.0 - x_tot), st_p0.mean_prompt_s, st_p0.scv_prompt, n_pp, ca2, horizon_s)
+            want = _drafted_share(wm, st_p0, cls, sched, res)
+            w_d = cls.wp * want / jnp.maximum(jnp.dot(cls.wp, want), 1e-30) + 1e-12 * cls.wp
+            e_s = jnp.dot(w_d, t_alone) / jnp.sum(w_d)
+            scv = jnp.maximum(jnp.dot(w_d, t_alone**2) / jnp.sum(w_d) / e_s**2 - 1.0, 0.0)
+            wm_t = wait_model(lam * x_tot, e_s, scv, n_dd, ca2, horizon_s)
+            full = wm_t.p_wait * _queue_share(wm_t, e_s)
+            return want * (1.0 - full) * has_t, (wm, jnp.dot(cls.wp, want) * full)
+
+        x = _fixed_point_01(lambda u: jnp.dot(cls.wp, drafted(u)[0]))
+        x_cls, (wm, devolved) = drafted(x)
+        return x, x_cls, wm, devolved
+
+    x_tot, x_k, wm_p0, _ = drafting(n_p, n_t)
     w_t = (cls.wp * x_k + 1e-12 * cls.wp) / (x_tot + 1e-12)
     w_p = (cls.wp * (1.0 - x_k) + 1e-12 * cls.wp) / (1.0 - x_tot + 1e-12)
 
@@ -445,12 +453,43 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
              batch_cap=cap_tok_T / ctx_t, **pool_t),
         dict(timing=P, n_machines=n_p, prompt_rate=lam * (1.0 - x_tot), prompt_w=w_p, decode_rate=lam * f,
              batch_cap=cap_tok_P / ctx_p, **pool_p))
-    wm_p = wait_model(lam * (1.0 - x_tot), st_p.mean_prompt_s, st_p.scv_prompt, n_p, ca2, horizon_s)
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
+
+    # 4. The mixed pool (docs/cluster.md §4, "The mixed pool"). A prompt machine that takes an overflowing
+    #    decode leaves the prompt pool until it is idle again, and gets prompts only when
+    #    the prompt pool drafts (its least-loaded machine past the threshold), before
+    #    any token machine is converted. Least-memory routing spreads later overflow
+    #    over every mixed machine, so few ever empty: their number ratchets up to what
+    #    the peak overflow needed, the reservations' peak over the horizon, mean plus
+    #    sd sqrt(2 ln(1 + T / tau)) (tau the memory-weighted sojourn, the shot noise's
+    #    correlation time), less the token pool's memory. At most 4/5 of the prompt
+    #    pool, so that some is left to draft from.
+    tau = lam * jnp.sum(cls.w * m_tok * sojourn**2) / jnp.maximum(demand, 1e-30)
+    z_peak = jnp.sqrt(2.0 * jnp.log1p(horizon_s / jnp.maximum(tau, 1e-3)))
+    peak = demand + z_peak * jnp.sqrt(var + 1e-12 * capacity**2)
+    n_mixed = softplus(peak - capacity, 0.05 * cap_tok_P) / cap_tok_P
+    n_mixed = 0.8 * n_p * smooth_min_one(n_mixed / (0.8 * jnp.maximum(n_p, 1e-6)))
+    #    The rest of the prompt pool drafts onto the mixed and token machines; a mixed
+    #    machine's prompt rate relative to a prompt machine's, d (at least one machine
+    #    holds the moved decodes; a machine is never more than fully busy), scales the
+    #    prompt interference the moved decodes sit through. A request that finds every
+    #    machine to draft onto queued too (`devolved`) runs on the least-loaded machine
+    #    of all, a mixed one as likely as any (d = 1 for it).
+    n_free = n_p - n_mixed
+    x_m, _, _, devolved = drafting(n_free, n_mixed + n_t)
+    d = (x_m / jnp.maximum(n_mixed, 1.0)) / jnp.maximum((1.0 - x_m) / n_free, 1e-9)
+    d = d + devolved * (1.0 - d)
+    d = smooth_min_pos(d, 1.0 / jnp.maximum(smooth_min_one(st_p.rho_prompt), 1e-3), 8.0)
+    events_m = d * st_p.events_per_step
+    st_m = st_p._replace(events_per_step=events_m, step_s=st_p.decode_s + events_m * st_p.interf_mean_s)
+    #    The prompt pool's own queue runs on its free machines: the prompts neither
+    #    drafted from them (X_m) nor devolved to a mixed or token machine.
+    away = x_m + devolved * (n_mixed + n_t) / (n_p + n_t)
+    wm_p = wait_model(lam * (1.0 - away), st_p.mean_prompt_s, st_p.scv_prompt, n_free, ca2, horizon_s)
     prompt_routes = (PromptRoute(st_p, wm_p, 1.0 - x_k), PromptRoute(st_t, wm_t, x_k))
     decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
-                     DecodeRoute(st_p, f_km, kv, 0.5 * st_p.decode_s))
+                     DecodeRoute(st_m, f_km, kv, 0.5 * st_m.decode_s))
     pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
     loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * ctx_t / cap_tok_T,
              st_p.batch_need * ctx_p / cap_tok_P)
@@ -688,7 +727,8 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         # through prompt iterations until one carries it (`_flat_out`).
         flat = _flat_out(flows.st_p)
         decodes = tuple(dr._replace(state=jax.tree_util.tree_map(lambda a, b: waits * a + (1.0 - waits) * b,
-                                                                 dr.state, flat) if dr.state is flows.st_p else dr.state)
+                                                                 dr.state, flat)
+                                    if dr.state is not flows.st_t else dr.state)
                         for dr in flows.decode_routes)
         decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9)) for dr in decodes)
         if flows.st_t is not None:   # Splitwise: decodes on (the token pool, the prompt pool)
