@@ -95,6 +95,7 @@ _LONGEST_S = {
     # Tests that share a module fixture with one above keep its place (adjacent, so a
     # worker that takes both builds the fixture once).
     "tests/test_cluster.py::test_validation_batching_matches_single_runs": 23,
+    "tests/test_cluster.py::test_moved_decodes_run_at_the_mixed_machines_pace": 23,
     "tests/test_optimize.py::test_power_optimum_matches_grid_with_free_token_cap": 22,
     "tests/test_studies.py::test_notebook_executes[kv_transfer]": 21,
     "tests/test_optimize.py::test_cli_json": 21,
