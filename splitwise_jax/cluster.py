@@ -391,8 +391,10 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     t_alone = st_t_alone.prompt_s
 
     def drafting(n_pp, n_dd):
-        """Drafted share (total, per class) and the prompt pool's wait law, with n_pp
-        machines in the prompt pool and n_dd machines to draft onto."""
+        """With n_pp machines in the prompt pool and n_dd to draft onto: the drafted share
+        (total, per class), the prompt pool's wait law, and the share of requests that
+        find the pool past its threshold and every machine to draft onto queued too
+        (the reference then runs them on the least-loaded machine of all)."""
         has_t = n_dd / (n_dd + 1e-3)
 
         def drafted(x_tot):
@@ -456,10 +458,10 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
 
-    # 4. The mixed pool (docs/cluster.md §4, "The mixed pool"). A prompt machine that takes an overflowing
-    #    decode leaves the prompt pool until it is idle again, and gets prompts only when
-    #    the prompt pool drafts (its least-loaded machine past the threshold), before
-    #    any token machine is converted. Least-memory routing spreads later overflow
+    # 4. The mixed pool (docs/cluster.md §4, "The mixed pool"). A prompt machine that
+    #    takes an overflowing decode leaves the prompt pool until it is idle again, and
+    #    gets prompts only when the prompt pool drafts (its least-loaded machine past the
+    #    threshold), before any token machine is converted. Least-memory routing spreads later overflow
     #    over every mixed machine, so few ever empty: their number ratchets up to what
     #    the peak overflow needed, the reservations' peak over the horizon, mean plus
     #    sd sqrt(2 ln(1 + T / tau)) (tau the memory-weighted sojourn, the shot noise's
@@ -726,9 +728,13 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         # machine holds a queue) and the machine is never idle: each decode step waits
         # through prompt iterations until one carries it (`_flat_out`).
         flat = _flat_out(flows.st_p)
+        # Decoders on prompt machines: the colocated pool's; in Splitwise every route but
+        # the token pool's (the mixed machines, `_splitwise_flows` step 4).
+        on_prompt_machines = ((lambda st: st is flows.st_p) if flows.st_t is None
+                              else (lambda st: st is not flows.st_t))
         decodes = tuple(dr._replace(state=jax.tree_util.tree_map(lambda a, b: waits * a + (1.0 - waits) * b,
                                                                  dr.state, flat)
-                                    if dr.state is not flows.st_t else dr.state)
+                                    if on_prompt_machines(dr.state) else dr.state)
                         for dr in flows.decode_routes)
         decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9)) for dr in decodes)
         if flows.st_t is not None:   # Splitwise: decodes on (the token pool, the prompt pool)
