@@ -182,6 +182,11 @@ class PromptRoute(NamedTuple):
     wait: WaitModel
     weight: jax.Array     # (K,) share of each prompt class taking this route
     backlog_s: jax.Array | float = 0.0  # queue left by earlier windows of a trace (s)
+    # A share of the route's prompts that run on machines in another state (the prompt
+    # pool's mixed machines, which hold moved decodes): same wait, their own prompt
+    # iteration and residual. TTFT keeps the two apart; E2E blends their means.
+    other_state: PoolState | None = None
+    other_share: jax.Array | float = 0.0
 
 
 class DecodeRoute(NamedTuple):
@@ -489,7 +494,12 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     #    drafted from them (X_m) nor devolved to a mixed or token machine.
     away = x_m + devolved * (n_mixed + n_t) / (n_p + n_t)
     wm_p = wait_model(lam * (1.0 - away), st_p.mean_prompt_s, st_p.scv_prompt, n_free, ca2, horizon_s)
-    prompt_routes = (PromptRoute(st_p, wm_p, 1.0 - x_k), PromptRoute(st_t, wm_t, x_k))
+    #    A prompt routed in the prompt pool runs on a free machine (no decoders: it
+    #    neither waits for a decode iteration nor carries decoders) unless it is one of
+    #    the mixed machines' share, d n_mixed / (n_free + d n_mixed).
+    on_mixed = d * n_mixed / jnp.maximum(n_free + d * n_mixed, 1e-9)
+    prompt_routes = (PromptRoute(st_p0, wm_p, 1.0 - x_k, other_state=st_p, other_share=on_mixed),
+                     PromptRoute(st_t, wm_t, x_k))
     decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
                      DecodeRoute(st_m, f_km, kv, 0.5 * st_m.decode_s))
     pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
@@ -576,17 +586,26 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixture
                + n_int * st.interf_mean_s)
         dec_var = n_int * st.interf_var_s2 + (cv + dr.burst_iters_var) * st.interf_mean_s**2
         decodes.append((dec, dec_var, dr.weight * cls.w[None] * cw))
-    prompts = [(pr.backlog_s + pr.state.residual_s + pr.state.prompt_s, pr.weight, busy_table(pr.wait, res))
-               for pr in flows.prompt_routes]
+    prompts, ttft_parts = [], []
+    for pr in flows.prompt_routes:
+        s_k = pr.backlog_s + pr.state.residual_s + pr.state.prompt_s
+        tab = busy_table(pr.wait, res)
+        if pr.other_state is None:
+            ttft_parts.append((s_k, pr.weight, tab))
+        else:
+            s_o = pr.backlog_s + pr.other_state.residual_s + pr.other_state.prompt_s
+            ttft_parts += [(s_k, pr.weight * (1.0 - pr.other_share), tab), (s_o, pr.weight * pr.other_share, tab)]
+            s_k = s_k + pr.other_share * (s_o - s_k)
+        prompts.append((s_k, pr.weight, tab))
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731
     flat = lambda x: x.reshape(x.shape[0], -1)  # noqa: E731
 
     # TTFT: weights summed over decode routes, counts and output classes.
     w_k = sum(jnp.sum(w, axis=(0, 2)) for _, _, w in decodes)
-    s = jnp.stack([jnp.broadcast_to(s_k, cls.p.shape) for s_k, _, _ in prompts])
-    ttft = Mixture(s, jit_rel * s, jnp.stack([pw * w_k for _, pw, _ in prompts]),
+    s = jnp.stack([jnp.broadcast_to(s_k, cls.p.shape) for s_k, _, _ in ttft_parts])
+    ttft = Mixture(s, jit_rel * s, jnp.stack([pw * w_k for _, pw, _ in ttft_parts]),
                    jnp.stack([jnp.ones_like(s), jnp.broadcast_to(a_ttft, s.shape)]),
-                   jax.tree_util.tree_map(stack, *[tab for _, _, tab in prompts]))
+                   jax.tree_util.tree_map(stack, *[tab for _, _, tab in ttft_parts]))
 
     # TBT: every prompt route's share summed.
     w_p = sum(pw for _, pw, _ in prompts)[None, :, None]
