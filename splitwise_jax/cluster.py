@@ -285,25 +285,50 @@ def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling
     return wm.p_wait * smooth_min_pos(_queue_share(wm, st.mean_prompt_s), beyond, 8.0)
 
 
+# Steps of the bracketing root search in `_fixed_point_01` (after its two end points).
+_ROOT_STEPS = 22
+
+
 def _fixed_point_01(h):
-    """The u in [0, 1] with u = h(u), for h non-increasing (so the root is unique):
-    bisection, then the implicit-function gradient through one Newton step of zero value."""
+    """The u in [0, 1] with u = h(u), for h non-increasing with values in [0, 1] (so
+    g(u) = u - h(u) rises through zero once): a bracketing search, then the
+    implicit-function gradient through one Newton step of zero value.
+
+    The search is regula falsi with the Illinois modification, safeguarded: a step that
+    has not halved the bracket since the step before is a bisection instead (Dekker's
+    rule), so it never does worse than bisection and on these smooth g converges
+    superlinearly. 14 steps reach the 40-step bisection's root to ~1e-12 over the
+    reference runs (it had 1e-12 of the bracket), at 16 evaluations of h instead of 40
+    (docs/speed.md)."""
     def g(u):
         return u - h(u)
 
-    # The bisection runs on stop-gradient copies of what h closes over, so the loop is
+    # The search runs on stop-gradient copies of what h closes over, so the loop is
     # neither differentiated nor traced for differentiation (docs/speed.md §4).
     h_closed, consts = jax.closure_convert(h, jnp.asarray(0.5))
     frozen = jax.lax.stop_gradient(consts)
 
-    def bisect(_, ab):
-        a, b = ab
-        m = 0.5 * (a + b)
-        neg = m - h_closed(m, *frozen) < 0
-        return jnp.where(neg, m, a), jnp.where(neg, b, m)
+    def g_closed(u):
+        return u - h_closed(u, *frozen)
 
-    a, b = jax.lax.fori_loop(0, 40, bisect, (jnp.asarray(0.0), jnp.asarray(1.0)))
-    u0 = jax.lax.stop_gradient(0.5 * (a + b))
+    def step(_, state):
+        a, b, ga, gb, side, width = state
+        falsi = a - ga * (b - a) / jnp.where(gb - ga > 0, gb - ga, 1.0)
+        slow = (b - a) > 0.5 * width
+        c = jnp.clip(jnp.where(slow, 0.5 * (a + b), falsi), a, b)
+        gc = g_closed(c)
+        left = gc < 0  # the root lies in [c, b]: c replaces a
+        a_new, ga_new = jnp.where(left, c, a), jnp.where(left, gc, ga)
+        b_new, gb_new = jnp.where(left, b, c), jnp.where(left, gb, gc)
+        # Illinois: when the same end is kept twice running, halve its residual.
+        gb_new = jnp.where(left & (side == -1), 0.5 * gb_new, gb_new)
+        ga_new = jnp.where(~left & (side == 1), 0.5 * ga_new, ga_new)
+        return a_new, b_new, ga_new, gb_new, jnp.where(left, -1, 1), b - a
+
+    zero, one = jnp.asarray(0.0), jnp.asarray(1.0)
+    state = (zero, one, g_closed(zero), g_closed(one), jnp.asarray(0), jnp.asarray(2.0))
+    a, b, ga, gb, _, _ = jax.lax.fori_loop(0, _ROOT_STEPS, step, state)
+    u0 = jax.lax.stop_gradient(jnp.clip(a - ga * (b - a) / jnp.where(gb - ga > 0, gb - ga, 1.0), a, b))
     val, slope = jax.jvp(g, (u0,), (jnp.ones_like(u0),))
     return u0 - (val - jax.lax.stop_gradient(val)) / jax.lax.stop_gradient(jnp.maximum(slope, 1e-6))
 

@@ -53,6 +53,10 @@ from splitwise_jax._smooth import smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.batch import Batch
 
 _NEWTON_ITERS = 12
+# The iteration stops once a step moves log B less than this (the state carried out is
+# the one at the last iterate evaluated, within this of the root); at most
+# _NEWTON_ITERS + 1 evaluations either way.
+_NEWTON_TOL = 1e-13
 # p-norm sharpness of min(B, B_max): KV memory is a hard limit. p = 32 moves B by 0.04%
 # at 87% of capacity and by 2.2% exactly at it; p = 8 moved 3.5% of decodes off a token
 # pool that was only 87% full, which inflated TBT tails against the reference runs.
@@ -280,16 +284,21 @@ def _root(args):
     n_machines, decode_rate, mean_decode_iters, batch_cap = args[1], args[6], args[7], args[9]
     lam_d = decode_rate / jnp.maximum(n_machines, 1e-6)
 
-    def newton(_, carry):
-        log_b, _ = carry
+    def newton(carry):
+        i, log_b, _, _ = carry
         st, r = jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + _slope_step()]))
-        return _newton_step(log_b, r), (log_b, jax.tree_util.tree_map(lambda a: a[0], st))
+        new = _newton_step(log_b, r)
+        return i + 1, new, (log_b, jax.tree_util.tree_map(lambda a: a[0], st)), jnp.abs(new - log_b)
+
+    def going(carry):
+        i, _, _, moved = carry
+        return (i < _NEWTON_ITERS + 1) & (moved > _NEWTON_TOL)
 
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     log_b0 = jnp.log(b0)
     zero = jnp.zeros_like(log_b0)
     empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros_like(args[4] * zero), *(zero,) * 8))
-    _, (log_b, st) = jax.lax.fori_loop(0, _NEWTON_ITERS + 1, newton, (log_b0, empty))
+    _, _, (log_b, st), _ = jax.lax.while_loop(going, newton, (0, log_b0, empty, jnp.asarray(jnp.inf, log_b0.dtype)))
     return log_b, st
 
 
