@@ -311,11 +311,14 @@ def _fixed_point_01(h):
     def g_closed(u):
         return u - h_closed(u, *frozen)
 
-    def step(_, state):
+    def step(i, state):
         a, b, ga, gb, side, width = state
         falsi = a - ga * (b - a) / jnp.where(gb - ga > 0, gb - ga, 1.0)
         slow = (b - a) > 0.5 * width
         c = jnp.clip(jnp.where(slow, 0.5 * (a + b), falsi), a, b)
+        # The first two evaluations are the bracket's ends (in the loop, so the program
+        # holds one copy of h, not three).
+        c = jnp.where(i == 0, 0.0, jnp.where(i == 1, 1.0, c))
         gc = g_closed(c)
         left = gc < 0  # the root lies in [c, b]: c replaces a
         a_new, ga_new = jnp.where(left, c, a), jnp.where(left, gc, ga)
@@ -323,11 +326,14 @@ def _fixed_point_01(h):
         # Illinois: when the same end is kept twice running, halve its residual.
         gb_new = jnp.where(left & (side == -1), 0.5 * gb_new, gb_new)
         ga_new = jnp.where(~left & (side == 1), 0.5 * ga_new, ga_new)
-        return a_new, b_new, ga_new, gb_new, jnp.where(left, -1, 1), b - a
+        ends = i < 2
+        return (jnp.where(ends, a, a_new), jnp.where(ends, b, b_new),
+                jnp.where(i == 0, gc, jnp.where(ends, ga, ga_new)), jnp.where(i == 1, gc, jnp.where(ends, gb, gb_new)),
+                jnp.where(ends, 0, jnp.where(left, -1, 1)), jnp.where(ends, 2.0, b - a))
 
-    zero, one = jnp.asarray(0.0), jnp.asarray(1.0)
-    state = (zero, one, g_closed(zero), g_closed(one), jnp.asarray(0), jnp.asarray(2.0))
-    a, b, ga, gb, _, _ = jax.lax.fori_loop(0, _ROOT_STEPS, step, state)
+    zero = jnp.asarray(0.0)
+    state = (zero, zero + 1.0, zero, zero, jnp.asarray(0), zero + 2.0)
+    a, b, ga, gb, _, _ = jax.lax.fori_loop(0, _ROOT_STEPS + 2, step, state)
     u0 = jax.lax.stop_gradient(jnp.clip(a - ga * (b - a) / jnp.where(gb - ga > 0, gb - ga, 1.0), a, b))
     val, slope = jax.jvp(g, (u0,), (jnp.ones_like(u0),))
     return u0 - (val - jax.lax.stop_gradient(val)) / jax.lax.stop_gradient(jnp.maximum(slope, 1e-6))
