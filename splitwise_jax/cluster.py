@@ -202,6 +202,12 @@ class DecodeRoute(NamedTuple):
     # them in a steady state; in a trace's queued regime only those before the pool's
     # backlog drains (`_windowed_components`).
     interfered_steps: jax.Array | float = 1e9
+    # The decode's first step waits out the prompt iteration its machine is running when
+    # it arrives (the moved decodes, on mixed machines that run drafted prompts): that
+    # chance, and the residual iteration's mean and second moment (s, s^2).
+    first_busy: jax.Array | float = 0.0
+    first_wait_s: jax.Array | float = 0.0
+    first_wait_s2: jax.Array | float = 0.0
 
 
 class Flows(NamedTuple):
@@ -515,7 +521,7 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     #    machine to draft onto queued too (`devolved`) runs on the least-loaded machine
     #    of all, a mixed one as likely as any (d = 1 for it).
     n_free = n_p - n_mixed
-    x_m, _, _, devolved = drafting(n_free, n_mixed + n_t)
+    x_m, x_mk, _, devolved = drafting(n_free, n_mixed + n_t)
     d = (x_m / jnp.maximum(n_mixed, 1.0)) / jnp.maximum((1.0 - x_m) / n_free, 1e-9)
     d = d + devolved * (1.0 - d)
     d = smooth_min_pos(d, 1.0 / jnp.maximum(smooth_min_one(st_p.rho_prompt), 1e-3), 8.0)
@@ -531,8 +537,19 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     on_mixed = d * n_mixed / jnp.maximum(n_free + d * n_mixed, 1e-9)
     prompt_routes = (PromptRoute(st_p0, wm_p, 1.0 - x_k, other_state=st_p, other_share=on_mixed),
                      PromptRoute(st_t, wm_t, x_k))
+    #    A moved decode arriving at a mixed machine busy with a drafted prompt waits out
+    #    the rest of that iteration (PASTA: the chance is the machine's busy share with
+    #    drafted prompts, spread over mixed and token machines in proportion to their
+    #    numbers, plus the devolved requests; the wait is the residual E[T^2] / 2E[T],
+    #    second moment E[T^3] / 3E[T], over the drafted prompts' sizes).
+    w_dm = cls.wp * x_mk + 1e-12 * cls.wp
+    w_dm = w_dm / jnp.sum(w_dm)
+    e_m, e2_m, e3_m = jnp.dot(w_dm, st_p0.prompt_s), jnp.dot(w_dm, st_p0.prompt_s**2), jnp.dot(w_dm, st_p0.prompt_s**3)
+    to_mixed = n_mixed / jnp.maximum(n_t + n_mixed, 1e-6)
+    busy_m = lam * (x_tot * to_mixed + devolved * n_mixed / (n_p + n_t)) * e_m / jnp.maximum(n_mixed, 1.0)
     decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
-                     DecodeRoute(st_m, f_km, kv, 0.5 * st_m.decode_s))
+                     DecodeRoute(st_m, f_km, kv, 0.5 * st_m.decode_s,
+                                 first_busy=busy_m, first_wait_s=e2_m / (2.0 * e_m), first_wait_s2=e3_m / (3.0 * e_m)))
     pressure = (demand + jnp.sum(cls.w * m_tok)) / capacity
     loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * ctx_t / cap_tok_T,
              st_p.batch_need * ctx_p / cap_tok_P)
@@ -611,11 +628,22 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixture
         st = dr.state
         steps = smooth_min_pos(cls.iters, dr.interfered_steps, 8.0)
         lam = steps[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]         # (K, M)
-        cw, cm, cv = _count_mixture(lam)                                                  # (J, K, M)
-        n_int = cm + dr.burst_iters
+        # The first step's wait joins the count as one more Poisson event whose chance
+        # of at least one is `first_busy` (mean -log(1 - b)); each event costs the blend
+        # of an interruption and a residual iteration by their expected numbers (for a
+        # short decode the residual dominates, for a long one the interruptions).
+        mu_1 = -jnp.log1p(-0.95 * jnp.maximum(smooth_min_one(jnp.asarray(dr.first_busy, float)), 0.0))
+        lam_all = lam + mu_1
+        share_1 = mu_1 / jnp.maximum(lam_all, 1e-30)
+        x_mean = st.interf_mean_s + share_1 * (dr.first_wait_s - st.interf_mean_s)
+        x_sq = (st.interf_var_s2 + st.interf_mean_s**2
+                + share_1 * (dr.first_wait_s2 - st.interf_var_s2 - st.interf_mean_s**2))
+        x_var = jnp.maximum(x_sq - x_mean**2, 0.0)
+        cw, cm, cv = _count_mixture(lam_all)                                              # (J, K, M)
         dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
-               + n_int * st.interf_mean_s)
-        dec_var = n_int * st.interf_var_s2 + (cv + dr.burst_iters_var) * st.interf_mean_s**2
+               + cm * x_mean + dr.burst_iters * st.interf_mean_s)
+        dec_var = (cm * x_var + cv * x_mean**2 + dr.burst_iters * st.interf_var_s2
+                   + dr.burst_iters_var * st.interf_mean_s**2)
         decodes.append((dec, dec_var, dr.weight * cls.w[None] * cw))
     prompts, ttft_parts = [], []
     for pr in flows.prompt_routes:
