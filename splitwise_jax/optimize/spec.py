@@ -19,7 +19,7 @@ import numpy as np
 
 from splitwise_jax._caps import cap_floor_frac
 from splitwise_jax._exported import cached_jit
-from splitwise_jax.cluster import Cluster, Resolution, evaluate
+from splitwise_jax.cluster import Cluster, ClusterMetrics, Resolution, evaluate
 from splitwise_jax.designs import uniform_names
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Problem
 from splitwise_jax.timing import CalibratedTiming
@@ -206,15 +206,24 @@ def assess_batch(phys, spec: Spec, resolution: Resolution, n_valid=None):
     zeros. A rate bisection over a few cells used to pay for all 64 rows at every step."""
     if n_valid is None:
         return jax.lax.map(lambda p: assess(spec, p, resolution), phys)
-    shapes = jax.eval_shape(lambda p: assess(spec, p, resolution), phys[0])
 
     def row(args):
         i, p = args
-        return jax.lax.cond(i < n_valid, lambda q: assess(spec, q, resolution),
-                            lambda q: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), p)
+        return jax.lax.cond(i < n_valid, lambda q: assess(spec, q, resolution), _skipped, p)
 
     return jax.lax.map(row, (jnp.arange(phys.shape[0]), phys))
 
+
+
+def _skipped(p):
+    """What `assess` returns, as zeros, for a padding row of `assess_batch` (built by hand:
+    `jax.eval_shape` of `assess` would trace the whole model a second time)."""
+    z = jnp.zeros((), p.dtype)
+    three = jnp.zeros(3, p.dtype)
+    m = ClusterMetrics(**{name: z for name in ClusterMetrics._fields})._replace(
+        ttft_s=three, tbt_s=three, e2e_s=three, slowdown_ttft=three, slowdown_tbt=three, slowdown_e2e=three,
+        slo_margin=jnp.zeros((3, 3), p.dtype), meets_slo=jnp.zeros((), bool))
+    return m, jnp.zeros(len(CONSTRAINT_NAMES), p.dtype), z
 
 
 def progress_bar(progress, **kw):
