@@ -73,38 +73,37 @@ def pytest_unconfigure(config):
 # was 625 s on the 2-core machine against ~1,100 s of test time. Moving the longest
 # tests to the front (longest first, the classic LPT rule) lets the short ones fill the
 # gaps. Only the order changes; every test still runs. Seconds are the durations
-# measured on the 2-core machine (`pytest --durations=0`, 2026-12-01, both workers
-# busy); a renamed test just loses its place.
+# measured on the 2-core machine (`pytest --durations=30`, 2026-12-01, second
+# session, both workers busy); a renamed test just loses its place.
 _LONGEST_S = {
-    "tests/test_studies.py::test_study_smoke[bandwidth_sensitivity.py]": 106,
-    "tests/test_studies.py::test_study_smoke[fig18_19_iso.py]": 85,
-    "tests/test_optimize.py::test_cost_optimum_matches_exhaustive_grid": 81,
-    "tests/test_studies.py::test_study_smoke[fig12_provisioning.py]": 69,
-    "tests/test_cluster.py::test_trace_overload_stretch_builds_a_fluid_backlog": 47,
-    "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[splitwise-aa-coding]": 41,
-    "tests/test_optimize.py::test_baseline_cost_optimum_matches_grid": 38,
-    "tests/test_cluster.py::test_jit_matches_eager": 36,
-    "tests/test_optimize.py::test_throughput_optimum_matches_grid_under_power_budget": 36,
-    "tests/test_evaluate_numerics.py::test_gradient_wrt_pools_caps_bandwidth_rate_matches_finite_differences": 30,
-    "tests/test_evaluate_numerics.py::test_gradient_is_finite_at_the_edges": 30,
-    "tests/test_studies.py::test_notebook_executes[tour]": 28,
-    "tests/test_studies.py::test_notebook_executes[bandwidth_sensitivity]": 27,
-    "tests/test_studies.py::test_study_smoke[fig20_robustness.py]": 24,
-    "tests/test_percentiles.py::test_implicit_gradients_match_finite_differences[True]": 23,
-    "tests/test_cluster.py::test_accuracy_vs_splitwisesim_runs": 23,
+    "tests/test_studies.py::test_study_smoke[fig18_19_iso.py]": 111,
+    "tests/test_studies.py::test_study_smoke[bandwidth_sensitivity.py]": 95,
+    "tests/test_optimize.py::test_pruned_grid_is_exact": 71,
+    "tests/test_evaluate_numerics.py::test_gradient_wrt_pools_caps_bandwidth_rate_matches_finite_differences": 41,
+    "tests/test_cluster.py::test_jit_matches_eager": 40,
+    "tests/test_studies.py::test_notebook_executes[tour]": 35,
+    "tests/test_studies.py::test_notebook_executes[bandwidth_sensitivity]": 31,
+    "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[splitwise-aa-coding]": 28,
+    "tests/test_optimize.py::test_cost_optimum_matches_exhaustive_grid": 28,
+    "tests/test_cluster.py::test_gradients_finite[near-saturation]": 27,
+    "tests/test_studies.py::test_study_smoke[fig20_robustness.py]": 26,
+    "tests/test_optimize.py::test_baseline_cost_optimum_matches_grid": 23,
+    "tests/test_cluster.py::test_trace_overload_stretch_builds_a_fluid_backlog": 22,
+    "tests/test_studies.py::test_notebook_executes[kv_transfer]": 21,
+    "tests/test_optimize.py::test_throughput_optimum_matches_grid_under_power_budget": 21,
+    "tests/test_cluster.py::test_accuracy_vs_splitwisesim_runs": 19,
     # Tests that share a module fixture with one above keep its place (adjacent, so a
     # worker that takes both builds the fixture once).
-    "tests/test_cluster.py::test_validation_batching_matches_single_runs": 23,
-    "tests/test_cluster.py::test_moved_decodes_run_at_the_mixed_machines_pace": 23,
-    "tests/test_optimize.py::test_power_optimum_matches_grid_with_free_token_cap": 22,
-    "tests/test_studies.py::test_notebook_executes[kv_transfer]": 21,
-    "tests/test_optimize.py::test_cli_json": 21,
-    "tests/test_cluster.py::test_gradients_finite[light]": 20,
-    "tests/test_phases.py::test_every_catalogue_pair_that_fits_is_finite_positive_with_finite_gradients": 19,
-    "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[baseline-a100-coding]": 18,
-    "tests/test_percentiles.py::test_search_converges[light]": 18,
-    "tests/test_studies.py::test_study_smoke[fig16_latency_vs_load.py]": 17,
-    "tests/test_studies.py::test_notebook_executes[latency_vs_load]": 17,
+    "tests/test_cluster.py::test_validation_batching_matches_single_runs": 19,
+    "tests/test_cluster.py::test_moved_decodes_run_at_the_mixed_machines_pace": 19,
+    "tests/test_studies.py::test_study_smoke[fig12_provisioning.py]": 15,
+    "tests/test_studies.py::test_notebook_executes[latency_vs_load]": 15,
+    "tests/test_percentiles.py::test_implicit_gradients_match_finite_differences[True]": 14,
+    "tests/test_studies.py::test_study_smoke[fig14_15_kv_transfer.py]": 14,
+    "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[splitwise-aa-conversation]": 13,
+    "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[baseline-a100-conversation]": 12,
+    "tests/test_optimize.py::test_cli_json": 12,
+    "tests/test_studies.py::test_study_smoke[fig16_latency_vs_load.py]": 11,
 }
 
 
