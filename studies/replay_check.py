@@ -124,6 +124,10 @@ def main(argv=None) -> int:
                               for met in METRICS)
                   + f"; verdict {'agree' if row['fluid_meets_slo'] == row['sim_meets_slo'] else 'DISAGREE'}",
                   flush=True)
+        # The fluid model runs op by op here, and each op's program stays loaded: one
+        # process reached Linux's memory-map limit (LLVM "Cannot allocate memory") after
+        # 33 of the 35 runs. Release them after each replay (docs/speed.md §4).
+        jax.clear_caches()
     per_run = pd.DataFrame(rows)
     per_run.to_csv(out / "replay_check.csv", index=False)
     md = _summary(per_run)
