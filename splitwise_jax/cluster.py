@@ -707,7 +707,9 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
     starts, the backlog (s of work) at which it starts, the mean prompt service time
     (each (W,)); the sub-bin length h (s).
 
-    Returns (W, S): the mean backlog a sub-bin's arrivals find, and how long the pool
+    Returns (W, S): the mean backlog a sub-bin's arrivals find (s of one prompt
+    machine's work), the mean wait it means (that work over the drain rate c(U): past
+    the drafting threshold the token machines drain it too), and how long the pool
     stays flat out after the sub-bin ends.
     """
     shape = rho_sub.shape
@@ -715,14 +717,18 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
     rho = rho_sub.reshape(-1)
     u = h * (jnp.arange(_BACKLOG_POINTS) + 0.5) / _BACKLOG_POINTS
 
+    def rate(backlog, cap, u_d):
+        return 1.0 + (cap - 1.0) * jax.nn.sigmoid((backlog - u_d) / (0.25 * u_d))
+
     def step(backlog, x):
         r, cap, u_d = x
-        c = 1.0 + (cap - 1.0) * jax.nn.sigmoid((backlog - u_d) / (0.25 * u_d))
+        c = rate(backlog, cap, u_d)
         ramp = softplus(backlog + (r - c) * u, _BACKLOG_TEMPERATURE_S)
         end = softplus(backlog + (r - c) * h, _BACKLOG_TEMPERATURE_S)
-        return end, (jnp.mean(ramp), end)
+        # The work an arrival finds drains at the rate the pool then has.
+        return end, (jnp.mean(ramp), jnp.mean(ramp / rate(ramp, cap, u_d)), end)
 
-    _, (found, ends) = jax.lax.scan(step, jnp.asarray(0.0), (rho, per_sub(capacity), per_sub(draft_at)))
+    _, (found, wait, ends) = jax.lax.scan(step, jnp.asarray(0.0), (rho, per_sub(capacity), per_sub(draft_at)))
     busy_end = ends / (ends + _BUSY_EDGE * per_sub(service))
     # Backwards: a busy end lasts the next sub-bin and beyond if that one ends busy too,
     # else until its backlog drains at the next sub-bin's spare rate.
@@ -735,7 +741,7 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
 
     _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
                                reverse=True)
-    return found.reshape(shape), busy_for.reshape(shape)
+    return found.reshape(shape), wait.reshape(shape), busy_for.reshape(shape)
 
 
 def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolution):
@@ -746,8 +752,8 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     prompt pool's per-machine backlog U (s of work) grows at rho_w x sub_rel - 1 through
     each sub-bin of window w and never falls below zero. Each window's arrivals split in
     two regimes by the backlog their sub-bin finds (smoothly, q = U / (U + E[S])):
-    *queued* arrivals find the arrival-weighted mean U of their sub-bins, which is their
-    wait, while the pool runs flat out (prompt load 1: the decodes sharing its machines
+    *queued* arrivals find the arrival-weighted mean U of their sub-bins and wait U / c(U)
+    (c the pool's drain rate, token machines included past the drafting threshold), while the pool runs flat out (prompt load 1: the decodes sharing its machines
     sit through prompt after prompt); *free* arrivals see the load of their own sub-bins
     and the in-window wait law (bursts shorter than a sub-bin).
     """
@@ -776,16 +782,16 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     mean_p = jnp.dot(cls.wp, cls.p)
     draft_at = softplus(cluster.scheduling.draft_pending_tokens - mean_p, 64.0) * service / mean_p
     rho_sub = first[:, None] * prof.sub_rel
-    found, busy_for = _backlog_fluid(rho_sub, capacity, draft_at, service, h)
+    found, found_wait, busy_for = _backlog_fluid(rho_sub, capacity, draft_at, service, h)
     queued = found / (found + service[:, None])
     # Flat-out time left after a queued arrival's own wait, from the middle of its sub-bin.
-    left = softplus(0.5 * h + busy_for - found, _BACKLOG_TEMPERATURE_S)
+    left = softplus(0.5 * h + busy_for - found_wait, _BACKLOG_TEMPERATURE_S)
     arrivals_q = prof.sub_rel * queued
     arrivals_f = prof.sub_rel * (1.0 - queued)
     share_q = jnp.sum(arrivals_q, axis=1) / n_sub
     mean_over = lambda wts, x: jnp.sum(wts * x, axis=1) / jnp.maximum(jnp.sum(wts, axis=1), 1e-12)  # noqa: E731
-    backlog_q, left_q = mean_over(arrivals_q, found), mean_over(arrivals_q, left)
-    backlog_f = mean_over(arrivals_f, found)
+    backlog_q, left_q = mean_over(arrivals_q, found_wait), mean_over(arrivals_q, left)
+    backlog_f = mean_over(arrivals_f, found_wait)
     # Free arrivals see the mean load of their own sub-bins (time-weighted).
     rho_f = mean_over(1.0 - queued, rho_sub)
     safe_first = jnp.maximum(first, 1e-9)
@@ -794,7 +800,7 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     # reference runs a request wholly on the least-loaded machine: a queued arrival's
     # decode then stays on its prompt's machine, flat out like a colocated one (the
     # HH 10+3 code replay: 51 % of decodes on their prompt's machine, ~0.25 s a step).
-    whole = jax.nn.sigmoid((backlog_q - draft_at) / (0.25 * draft_at))
+    whole = jax.nn.sigmoid((mean_over(arrivals_q, found) - draft_at) / (0.25 * draft_at))
 
     def one(rel, b, w, backlog, sc, waits, busy_s, colocated):
         flows = flows_at(lam * rel * sc, b, dt)
