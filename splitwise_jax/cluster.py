@@ -700,7 +700,7 @@ _BACKLOG_TEMPERATURE_S = 0.005
 _BUSY_EDGE = 0.02
 
 
-def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
+def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s=None):
     """The prompt pool's fluid backlog over a trace's sub-bins (docs/cluster.md §3c).
 
     Args: each sub-bin's prompt load (W, S); per window the capacity once drafting
@@ -710,7 +710,9 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
     Returns (W, S): the mean backlog a sub-bin's arrivals find (s of one prompt
     machine's work), the mean wait it means (that work over the drain rate c(U): past
     the drafting threshold the token machines drain it too), and how long the pool
-    stays flat out after the sub-bin ends.
+    stays flat out after the sub-bin ends. With `decode_s` (per window, the mean
+    decode's length), also the share of the next `decode_s` seconds the pool is flat out
+    (an exponential look-ahead over the sub-bins' flat-out shares).
     """
     shape = rho_sub.shape
     per_sub = lambda x: jnp.broadcast_to(x[:, None], shape).reshape(-1)  # noqa: E731
@@ -726,9 +728,10 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
         ramp = softplus(backlog + (r - c) * u, _BACKLOG_TEMPERATURE_S)
         end = softplus(backlog + (r - c) * h, _BACKLOG_TEMPERATURE_S)
         # The work an arrival finds drains at the rate the pool then has.
-        return end, (jnp.mean(ramp), jnp.mean(ramp / rate(ramp, cap, u_d)), end)
+        return end, (jnp.mean(ramp), jnp.mean(ramp / rate(ramp, cap, u_d)), end, ramp)
 
-    _, (found, wait, ends) = jax.lax.scan(step, jnp.asarray(0.0), (rho, per_sub(capacity), per_sub(draft_at)))
+    _, (found, wait, ends, ramps) = jax.lax.scan(step, jnp.asarray(0.0),
+                                                 (rho, per_sub(capacity), per_sub(draft_at)))
     busy_end = ends / (ends + _BUSY_EDGE * per_sub(service))
     # Backwards: a busy end lasts the next sub-bin and beyond if that one ends busy too,
     # else until its backlog drains at the next sub-bin's spare rate.
@@ -741,7 +744,21 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h):
 
     _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
                                reverse=True)
-    return found.reshape(shape), wait.reshape(shape), busy_for.reshape(shape)
+    if decode_s is None:
+        return found.reshape(shape), wait.reshape(shape), busy_for.reshape(shape)
+    # Flat out while a backlog is held, smoothly U / (U + E[S]) as the queued share of
+    # arrivals, per sub-bin the mean over its points; looked ahead with weight
+    # e^{-t / decode_s}.
+    flat = jnp.mean(ramps / (ramps + per_sub(service)[:, None]), axis=1)
+    keep = jnp.exp(-h / jnp.maximum(per_sub(decode_s), 1e-3))
+
+    def ahead(later, x):
+        f, a = x
+        g = (1.0 - a) * f + a * later
+        return g, g
+
+    _, flat_ahead = jax.lax.scan(ahead, jnp.asarray(0.0), (flat, keep), reverse=True)
+    return found.reshape(shape), wait.reshape(shape), busy_for.reshape(shape), flat_ahead.reshape(shape)
 
 
 def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolution):
@@ -753,9 +770,11 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     each sub-bin of window w and never falls below zero. Each window's arrivals split in
     two regimes by the backlog their sub-bin finds (smoothly, q = U / (U + E[S])):
     *queued* arrivals find the arrival-weighted mean U of their sub-bins and wait U / c(U)
-    (c the pool's drain rate, token machines included past the drafting threshold), while the pool runs flat out (prompt load 1: the decodes sharing its machines
-    sit through prompt after prompt); *free* arrivals see the load of their own sub-bins
-    and the in-window wait law (bursts shorter than a sub-bin).
+    (c the pool's drain rate, token machines included past the drafting threshold),
+    while the pool runs flat out (prompt load 1: the decodes sharing its machines sit
+    through prompt after prompt); *free* arrivals see the load of their own sub-bins and
+    the in-window wait law (bursts shorter than a sub-bin), and their decodes run flat
+    out for the share of their length the pool is (a backlog that builds after them).
     """
     share = prof.rate_rel / jnp.sum(prof.rate_rel)
     dt = prof.window_s
@@ -766,23 +785,25 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     def load(rel, b):
         flows = flows_at(lam * rel, b, dt)
         st = flows.st_p
+        # How long a decode on a prompt machine lasts when the pool runs flat out.
+        decode_s = cls.mean_iters * _flat_out(st).step_s
         if flows.st_t is None:
-            return st.rho_prompt, st.mean_prompt_s, jnp.ones_like(st.rho_prompt)
+            return st.rho_prompt, st.mean_prompt_s, jnp.ones_like(st.rho_prompt), decode_s
         # Splitwise: the prompt pool's load were it to take every prompt, and the
         # capacity the token machines add once drafting starts (each drafts at its own
         # prompt speed), per prompt machine.
         n_p = jnp.asarray(cluster.n_prompt, float)
         speed = jnp.dot(cls.wp, st.prompt_s) / jnp.maximum(jnp.dot(cls.wp, flows.st_t.prompt_s), 1e-9)
         extra = jnp.asarray(cluster.n_token, float) / n_p * speed
-        return lam * rel * st.mean_prompt_s / n_p, st.mean_prompt_s, 1.0 + extra
+        return lam * rel * st.mean_prompt_s / n_p, st.mean_prompt_s, 1.0 + extra, decode_s
 
-    first, service, capacity = jax.vmap(load)(prof.rate_rel, bursts)
+    first, service, capacity, decode_s = jax.vmap(load)(prof.rate_rel, bursts)
     # Drafting starts once a prompt would take the least-loaded prompt machine past
     # draft_pending_tokens: that much work (s) per machine less one mean prompt.
     mean_p = jnp.dot(cls.wp, cls.p)
     draft_at = softplus(cluster.scheduling.draft_pending_tokens - mean_p, 64.0) * service / mean_p
     rho_sub = first[:, None] * prof.sub_rel
-    found, found_wait, busy_for = _backlog_fluid(rho_sub, capacity, draft_at, service, h)
+    found, found_wait, busy_for, flat_ahead = _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s)
     queued = found / (found + service[:, None])
     # Flat-out time left after a queued arrival's own wait, from the middle of its sub-bin.
     left = softplus(0.5 * h + busy_for - found_wait, _BACKLOG_TEMPERATURE_S)
@@ -792,6 +813,8 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     mean_over = lambda wts, x: jnp.sum(wts * x, axis=1) / jnp.maximum(jnp.sum(wts, axis=1), 1e-12)  # noqa: E731
     backlog_q, left_q = mean_over(arrivals_q, found_wait), mean_over(arrivals_q, left)
     backlog_f = mean_over(arrivals_f, found_wait)
+    # A free arrival's decode runs flat out for the share of its length the pool is.
+    flat_f = mean_over(arrivals_f, flat_ahead)
     # Free arrivals see the mean load of their own sub-bins (time-weighted).
     rho_f = mean_over(1.0 - queued, rho_sub)
     safe_first = jnp.maximum(first, 1e-9)
@@ -802,7 +825,7 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     # HH 10+3 code replay: 51 % of decodes on their prompt's machine, ~0.25 s a step).
     whole = jax.nn.sigmoid((mean_over(arrivals_q, found) - draft_at) / (0.25 * draft_at))
 
-    def one(rel, b, w, backlog, sc, waits, busy_s, colocated):
+    def one(rel, b, w, backlog, sc, waits, flat_w, busy_s, colocated):
         flows = flows_at(lam * rel * sc, b, dt)
         # The backlog is the fluid's, of the prompt pool and the machines drafted to help
         # it: every prompt route finds it; queued arrivals wait it and nothing more.
@@ -816,9 +839,15 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         # the token pool's (the mixed machines, `_splitwise_flows` step 4).
         on_prompt_machines = ((lambda st: st is flows.st_p) if flows.st_t is None
                               else (lambda st: st is not flows.st_t))
-        decodes = tuple(dr._replace(state=jax.tree_util.tree_map(lambda a, b: waits * a + (1.0 - waits) * b,
-                                                                 dr.state, flat)
-                                    if on_prompt_machines(dr.state) else dr.state)
+        # A share f of the decode's *time* flat out is a share f/t_flat / (f/t_flat +
+        # (1 - f)/t_own) of its *steps* (queued arrivals: f = 1, all of them until the
+        # pool drains, `busy_s`).
+        def blend(st):
+            rate_flat = flat_w / jnp.maximum(flat.step_s, 1e-9)
+            phi = rate_flat / jnp.maximum(rate_flat + (1.0 - flat_w) / jnp.maximum(st.step_s, 1e-9), 1e-30)
+            return jax.tree_util.tree_map(lambda a, b: (1.0 - phi) * a + phi * b, st, flat)
+
+        decodes = tuple(dr._replace(state=blend(dr.state) if on_prompt_machines(dr.state) else dr.state)
                         for dr in flows.decode_routes)
         decodes = tuple(dr._replace(interfered_steps=busy_s / jnp.maximum(dr.state.step_s, 1e-9)) for dr in decodes)
         if flows.st_t is not None:   # Splitwise: decodes on (the token pool, the prompt pool)
@@ -833,7 +862,7 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         two(prof.rate_rel, prof.rate_rel), jax.tree_util.tree_map(two, bursts, bursts),
         two(share * (1.0 - share_q), share * share_q), two(backlog_f, backlog_q),
         two(rho_f / safe_first, capacity / safe_first), two(jnp.ones_like(first), jnp.zeros_like(first)),
-        two(jnp.full_like(first, 1e9), left_q), two(jnp.zeros_like(first), whole))
+        two(flat_f, jnp.ones_like(first)), two(jnp.full_like(first, 1e9), left_q), two(jnp.zeros_like(first), whole))
     return Mixtures(*(merge_routes(m) for m in per_regime))
 
 
