@@ -700,19 +700,18 @@ _BACKLOG_TEMPERATURE_S = 0.005
 _BUSY_EDGE = 0.02
 
 
-def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s=None):
+def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s):
     """The prompt pool's fluid backlog over a trace's sub-bins (docs/cluster.md §3c).
 
     Args: each sub-bin's prompt load (W, S); per window the capacity once drafting
-    starts, the backlog (s of work) at which it starts, the mean prompt service time
-    (each (W,)); the sub-bin length h (s).
+    starts, the backlog (s of work) at which it starts, the mean prompt service time,
+    the mean decode's length (each (W,)); the sub-bin length h (s).
 
     Returns (W, S): the mean backlog a sub-bin's arrivals find (s of one prompt
     machine's work), the mean wait it means (that work over the drain rate c(U): past
     the drafting threshold the token machines drain it too), and how long the pool
-    stays flat out after the sub-bin ends. With `decode_s` (per window, the mean
-    decode's length), also the share of the next `decode_s` seconds the pool is flat out
-    (an exponential look-ahead over the sub-bins' flat-out shares).
+    stays flat out after the sub-bin ends, and the share of the next `decode_s` seconds
+    the pool is flat out (an exponential look-ahead over the sub-bins' flat-out shares).
     """
     shape = rho_sub.shape
     per_sub = lambda x: jnp.broadcast_to(x[:, None], shape).reshape(-1)  # noqa: E731
@@ -744,8 +743,6 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s=None):
 
     _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
                                reverse=True)
-    if decode_s is None:
-        return found.reshape(shape), wait.reshape(shape), busy_for.reshape(shape)
     # Flat out while a backlog is held, smoothly U / (U + E[S]) as the queued share of
     # arrivals, per sub-bin the mean over its points; looked ahead with weight
     # e^{-t / decode_s}.
