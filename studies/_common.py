@@ -7,7 +7,7 @@ and a CSV into ``studies/out/<study>/`` (``--out`` overrides).
 
 Smoke mode (``SPLITWISE_SMOKE=1`` in the environment, as jax-md's examples use
 ``SMOKE_TEST``) makes every study small enough for CI: workloads coarsened to 8 x 8
-request classes, a lower numerical `Resolution`, and few grid points. Numbers printed in
+request classes and few grid points. Numbers printed in
 smoke mode are labelled as such; only full runs go into studies/README.md. Smoke and
 full runs take the same code path: sizing is always `splitwise_jax.optimize` (there is
 no second solver here), and the highest rate meeting the SLOs is always the package's
@@ -58,9 +58,13 @@ from splitwise_jax.workload import Workload, coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 HORIZON_S = 120.0  # the paper's and SplitwiseSim's 2-minute traces
-# Smoke: fewer quadrature/table/grid points halve the compile time; percentiles move by
-# a few per cent (benchmarks of the resolution are in the cluster model's tests).
-RESOLUTION = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4) if SMOKE else Resolution()
+# Smoke runs keep the package's default resolution too. A coarser one (4 window, 32
+# table points) once halved compile time; measured 2026-12-01 on the 2-core machine it
+# no longer does (fig18_19 smoke 93 s coarse vs 98 s default, bandwidth 72 vs 70 s,
+# fresh caches: XLA compiles the same loops either way), while the default lets a smoke
+# run load the optimiser programs tests/test_optimize.py compiles (same 8 x 8 class grid)
+# from the suite's shared compilation cache: Splitwise-HH's first sizing 47 -> 6 s.
+RESOLUTION = Resolution()
 CHUNK = 16 if SMOKE else 64
 # Full runs also compile an 8-wide program for small calls (a single configuration's
 # rate search would otherwise pad 1 point to 64); smoke runs keep one program.

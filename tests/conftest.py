@@ -74,15 +74,19 @@ def pytest_unconfigure(config):
 # tests to the front (longest first, the classic LPT rule) lets the short ones fill the
 # gaps. Only the order changes; every test still runs. Seconds are the durations
 # measured on the 2-core machine (`pytest --durations=30`, 2026-12-01, second
-# session, both workers busy); a renamed test just loses its place.
+# session, both workers busy; three added 2026-12-01 from a later run at 716 s, where
+# they had started last); a renamed test just loses its place.
 _LONGEST_S = {
     "tests/test_studies.py::test_study_smoke[fig18_19_iso.py]": 111,
     "tests/test_studies.py::test_study_smoke[bandwidth_sensitivity.py]": 95,
+    "tests/test_optimize.py::test_power_optimum_matches_grid_with_free_token_cap": 81,
     "tests/test_optimize.py::test_pruned_grid_is_exact": 71,
+    "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[splitwise-ha-coding]": 39,
     "tests/test_evaluate_numerics.py::test_gradient_wrt_pools_caps_bandwidth_rate_matches_finite_differences": 41,
     "tests/test_cluster.py::test_jit_matches_eager": 40,
     "tests/test_studies.py::test_notebook_executes[tour]": 35,
     "tests/test_studies.py::test_notebook_executes[bandwidth_sensitivity]": 31,
+    "tests/test_evaluate_numerics.py::test_gradient_is_finite_at_the_edges": 31,
     "tests/test_properties.py::test_outputs_and_gradients_are_finite_everywhere[splitwise-aa-coding]": 28,
     "tests/test_optimize.py::test_cost_optimum_matches_exhaustive_grid": 28,
     "tests/test_cluster.py::test_gradients_finite[near-saturation]": 27,
