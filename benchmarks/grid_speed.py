@@ -52,7 +52,7 @@ from splitwise_jax.workload import workload  # noqa: E402
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 MAX_MACHINES = 39  # Fig. 12's axes: 1..39 prompt and token machines
 METRICS = ("ttft_s", "tbt_s", "e2e_s", "slowdown_ttft", "slowdown_tbt", "slowdown_e2e")
-CONVERGED = Resolution(grid_points=32, refine_iters=8)
+CONVERGED = Resolution(grid_points=32, refine_iters=8, search_dtype=None)  # float64 throughout
 # A worker run in a subprocess against another checkout: it uses only what every
 # version of the package has (evaluate, make_cluster, workload).
 _WORKER = """
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     cases = {
         f"float64, {len(devices)} devices": (Resolution(), devices, True),
         "float64, 1 device": (Resolution(), devices[:1], True),
-        f"float64, float32 search, {len(devices)} devices": (Resolution(search_dtype="float32"), devices, True),
+        f"float64, float64 search, {len(devices)} devices": (Resolution(search_dtype=None), devices, True),
         f"float32, {len(devices)} devices": (Resolution(), devices, False),
         "converged (reference)": (CONVERGED, devices, True),
     }
