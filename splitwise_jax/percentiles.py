@@ -34,7 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax.quantiles import implicit_root, search
+from splitwise_jax.quantiles import _logit_of, implicit_root, search
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy
 
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -280,11 +280,9 @@ def _polish(log_t, qs, p: _Params, n_table: int):
     float64 CDF."""
     dtype = log_t.dtype
     f, df = _cdf_slope(log_t, p, n_table)
-    tiny = jnp.finfo(dtype).tiny
-    f = jnp.clip(f, tiny, 1.0 - jnp.finfo(dtype).epsneg)
-    h, hq = jnp.log(f) - jnp.log1p(-f), jnp.log(qs) - jnp.log1p(-qs)
-    dh = df / jnp.maximum(f * (1.0 - f), tiny)
-    step = (hq - h) / jnp.maximum(dh, 1e-30)
+    # d logit F / d log t = F' / (F (1 - F)), as in the search's own Newton steps.
+    dh = df / jnp.maximum(f * (1.0 - f), jnp.finfo(dtype).tiny)
+    step = (_logit_of(qs, dtype) - _logit_of(f, dtype)) / jnp.maximum(dh, 1e-30)
     return jnp.where((dh > 0) & (jnp.abs(step) < _POLISH_MAX_STEP), log_t + step, log_t)
 
 
