@@ -60,10 +60,11 @@ class Resolution:
             2.3e-4); a lookup costs the same whatever the table's length.
         search_dtype: precision of the percentile search ("float32", the default, or
             None for the inputs' own); the answer's gradient (implicit) is always in
-            the inputs' precision. float32 by default since 2026-12-01: on the Fig. 12
-            grid it is as close to a converged float64 solve as the float64 search
-            (docs/speed.md §2) and runs the no-wait (TBT) search 4.5x, the E2E search
-            1.25x faster (SIMD width; the E2E one is bound by its table lookups).
+            the inputs' precision. float32 by default since 2026-12-01, its root then
+            polished by one Newton step in the inputs' precision (`_polish`): on the
+            Fig. 12 grid closer to a converged float64 solve than the float64 search
+            (docs/speed.md §2), and the TBT search 1.7x, the E2E search 1.17x faster
+            (SIMD width; the E2E one is bound by its table lookups).
     """
 
     window_points: int = 8
