@@ -34,7 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax.quantiles import _logit_of, implicit_root, search
+from splitwise_jax.quantiles import _logit_of, bracket, implicit_root, rebracket, refine
 from splitwise_jax.queueing import WaitModel, wait_cdf_busy
 
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -65,6 +65,13 @@ class Resolution:
             Fig. 12 grid closer to a converged float64 solve than the float64 search
             (docs/speed.md §2), and the TBT search 1.7x, the E2E search 1.17x faster
             (SIMD width; the E2E one is bound by its table lookups).
+        search_components: a mixture with a wait table and more than twice this many
+            components is searched on its this-many heaviest (weights renormalised),
+            then the root is corrected by Newton steps on the whole mixture (one in the
+            search's precision, one in the inputs': `_polish`), so the answer is the
+            whole mixture's; None searches the whole mixture. On the E2E mixture
+            (4 routes x 5 counts x 28 x 32 classes = 17,920 components) the heaviest
+            4,096 carry all but ~1e-4 of the weight (docs/speed.md §2).
     """
 
     window_points: int = 8
@@ -74,6 +81,7 @@ class Resolution:
     refine_iters: int = 3
     lookup_points: int = 4096
     search_dtype: str | None = "float32"
+    search_components: int | None = 4096
 
 
 class BusyTable(NamedTuple):
@@ -267,6 +275,24 @@ def _bracket(mix: Mixture, scale):
     return jax.lax.stop_gradient(jnp.log(lo)), jax.lax.stop_gradient(jnp.log(hi))
 
 
+# Newton steps `refine` may add after a bracket found on the heaviest components and
+# widened by `rebracket`: safeguarded (at worst a bisection every other step), 16 more
+# steps halve a bracket of a few units in log t to < 1e-3 at the very worst.
+_EXTRA_REFINE = 16
+
+
+def _heaviest(p: _Params, idx, has_wait: bool) -> _Params:
+    """The components `idx` of `p`, their weights renormalised to sum to one (the
+    search's stand-in for the whole mixture; the tables are shared, not gathered)."""
+    take = lambda a: a[idx]  # noqa: E731
+    w_atom, w_busy = take(p.w_atom), (take(p.w_busy) if has_wait else p.w_busy)
+    total = jnp.sum(w_atom) + (jnp.sum(w_busy) if has_wait else 0.0)
+    if not has_wait:
+        return p._replace(slope=take(p.slope), offset=take(p.offset), w_atom=w_atom / total)
+    return p._replace(slope=take(p.slope), offset=take(p.offset), w_atom=w_atom / total, scale=take(p.scale),
+                      shift=take(p.shift), k=take(p.k), w_busy=w_busy / total, route=take(p.route))
+
+
 # Largest polishing step (log t) taken: a float32 search ends within ~1e-6 of where the
 # float64 one would (its table and steps read the same CDF to float32's 1.2e-7), so a
 # longer step says the search itself had not converged there (a near-flat CDF, up to
@@ -274,17 +300,18 @@ def _bracket(mix: Mixture, scale):
 _POLISH_MAX_STEP = 1e-3
 
 
-def _polish(log_t, qs, p: _Params, n_table: int):
-    """One Newton step on logit F in the inputs' precision from a lower-precision root:
-    the answer then no longer depends on float32 rounding (jit and eager, batched and
-    single evaluations agree to float64 round-off), and finite differences of it see the
-    float64 CDF."""
+def _polish(log_t, qs, p: _Params, n_table: int, max_step: float = _POLISH_MAX_STEP):
+    """One Newton step on logit F in the precision of `log_t` and `p` from a root found
+    in lower precision (or on part of the mixture): in the inputs' precision the answer
+    then no longer depends on float32 rounding (jit and eager, batched and single
+    evaluations agree to float64 round-off), and finite differences of it see the
+    float64 CDF. A step longer than `max_step` is not taken."""
     dtype = log_t.dtype
     f, df = _cdf_slope(log_t, p, n_table)
     # d logit F / d log t = F' / (F (1 - F)), as in the search's own Newton steps.
     dh = df / jnp.maximum(f * (1.0 - f), jnp.finfo(dtype).tiny)
     step = (_logit_of(qs, dtype) - _logit_of(f, dtype)) / jnp.maximum(dh, 1e-30)
-    return jnp.where((dh > 0) & (jnp.abs(step) < _POLISH_MAX_STEP), log_t + step, log_t)
+    return jnp.where((dh > 0) & (jnp.abs(step) < max_step), log_t + step, log_t)
 
 
 def quantiles(mix: Mixture, res: Resolution = Resolution()):
@@ -307,18 +334,39 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
     qs = jnp.asarray(PERCENTILES, mix.shift.dtype)
     search_dtype = jnp.dtype(res.search_dtype) if res.search_dtype else mix.shift.dtype
 
+    n_comp = mix.weight.size
+    heaviest = None
+    if has_wait and res.search_components is not None:
+        n_keep = max(res.search_components, n_comp // 8)
+        if n_comp > 2 * n_keep:
+            # The same components for every variant (their weights are shared); float32's
+            # top_k is XLA's partial sort, ~10x faster than float64's full one on CPU.
+            w = jax.lax.stop_gradient(mix.weight).reshape(-1).astype(jnp.float32)
+            heaviest = jax.lax.top_k(w, n_keep)[1]
+
     def one(scale):
         p = _params(mix, scale, has_wait)
         llo, lhi = _bracket(mix, scale)
+        p_fixed = jax.tree_util.tree_map(jax.lax.stop_gradient, p)
         p_search = jax.tree_util.tree_map(
-            lambda a: jax.lax.stop_gradient(a.astype(search_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a), p)
-        log_t = search(lambda lt: cdf(lt, p_search), qs.astype(search_dtype), llo.astype(search_dtype),
-                       lhi.astype(search_dtype), res.grid_points, res.refine_iters, zoom_points=res.zoom_points,
-                       logit=True, cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table))
-        log_t = jax.lax.stop_gradient(log_t.astype(mix.shift.dtype))
+            lambda a: a.astype(search_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, p_fixed)
+        q_s, llo_s, lhi_s = qs.astype(search_dtype), llo.astype(search_dtype), lhi.astype(search_dtype)
+        full = lambda lt: cdf(lt, p_search)  # noqa: E731
+        if heaviest is None:
+            a, b, ha, hb = bracket(full, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
+        else:
+            # Bracket on the heaviest components, then make it the whole mixture's.
+            p_part = _heaviest(p_search, heaviest, has_wait)
+            a, b, _, _ = bracket(lambda lt: cdf(lt, p_part), q_s, llo_s, lhi_s, res.grid_points,
+                                 zoom_points=res.zoom_points)
+            a, b, ha, hb = rebracket(full, q_s, a, b, llo_s, lhi_s)
+        log_t = refine(full, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
+                       cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table),
+                       max_iters=None if heaviest is None else res.refine_iters + _EXTRA_REFINE)
+        log_t = log_t.astype(mix.shift.dtype)
         if search_dtype != mix.shift.dtype:
-            log_t = _polish(log_t, qs, jax.tree_util.tree_map(jax.lax.stop_gradient, p), n_table)
-        return jnp.exp(implicit_root(cdf, log_t, p))
+            log_t = _polish(log_t, qs, p_fixed, n_table)
+        return jnp.exp(implicit_root(cdf, jax.lax.stop_gradient(log_t), p))
 
     return jax.vmap(one)(mix.scale)
 

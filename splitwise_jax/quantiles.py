@@ -75,6 +75,12 @@ def search(cdf: Callable, qs, llo, lhi, grid_points: int = 16, refine_iters: int
     Returns:
         (n,) log-times.
     """
+    a, b, ha, hb = bracket(cdf, qs, llo, lhi, grid_points, zoom_points=zoom_points, logit=logit)
+    return refine(cdf, qs, a, b, ha, hb, llo, lhi, refine_iters, cdf_slope=cdf_slope, logit=logit)
+
+
+def bracket(cdf: Callable, qs, llo, lhi, grid_points: int = 16, *, zoom_points: int = 0, logit: bool = True):
+    """Steps 1 of `search`: a bracket [a, b] of each level and (logit) F at its ends."""
     dtype = jnp.result_type(llo, lhi)
     qs = jnp.asarray(qs, dtype)
     _logit = _logit_of if logit else (lambda f, dtype: f)
@@ -94,6 +100,68 @@ def search(cdf: Callable, qs, llo, lhi, grid_points: int = 16, refine_iters: int
         j = jnp.clip(jnp.sum(hs < hq[:, None], axis=1), 1, zoom_points + 1)
         take = lambda v, k: jnp.take_along_axis(v, k[:, None], axis=1)[:, 0]  # noqa: E731
         a, b, ha, hb = take(xs, j - 1), take(xs, j), take(hs, j - 1), take(hs, j)
+    return a, b, ha, hb
+
+
+# Most doublings `rebracket` takes: from a width of 1e-2 in log t, 2^10 x 1e-2 ~ 10 covers
+# any bracket `percentiles` searches (its lhi - llo is a few units).
+_REBRACKET_STEPS = 10
+
+
+def rebracket(cdf: Callable, qs, a, b, llo, lhi, *, logit: bool = True):
+    """(a, b, F(a), F(b)) with F(a) < q <= F(b) for a CDF other than the one that found
+    [a, b] (a search on part of a mixture): F is evaluated at both ends, and an end on
+    the wrong side moves outwards by a width that doubles each time, until every level
+    is bracketed or the end reaches [llo, lhi]. A `while_loop`: a batch pays for its
+    worst element only, and one step when the first bracket holds."""
+    dtype = jnp.result_type(a, b)
+    _logit = _logit_of if logit else (lambda f, dtype: f)
+    hq = _logit(jnp.asarray(qs, dtype), dtype)
+    n = qs.shape[0]
+
+    def ends(a, b):
+        h = _logit(cdf(jnp.concatenate([a, b])), dtype)
+        return h[:n], h[n:]
+
+    ha, hb = ends(a, b)
+
+    def bad(state):
+        a, b, ha, hb, _, k = state
+        low = (ha >= hq) & (a > llo)
+        high = (hb < hq) & (b < lhi)
+        return jnp.any(low | high) & (k < _REBRACKET_STEPS)
+
+    def widen(state):
+        a, b, ha, hb, width, k = state
+        low = ha >= hq   # the root lies left of a: b moves to a, a moves out
+        high = hb < hq   # the root lies right of b
+        a2 = jnp.where(low, jnp.maximum(a - width, llo), jnp.where(high, b, a))
+        b2 = jnp.where(high, jnp.minimum(b + width, lhi), jnp.where(low, a, b))
+        ha2, hb2 = ends(a2, b2)
+        return a2, b2, ha2, hb2, 2.0 * width, k + 1
+
+    width = jnp.maximum(b - a, 1e-2)
+    a, b, ha, hb, _, _ = jax.lax.while_loop(bad, widen, (a, b, ha, hb, width, jnp.asarray(0)))
+    return a, b, ha, hb
+
+
+# A Newton step shorter than this (log t) counts as converged for `refine`'s extra steps:
+# float32's resolution of log t near 5 is ~5e-7, and `percentiles._polish` takes the
+# float64 remainder (up to 1e-3).
+_REFINE_TOL = 1e-5
+
+
+def refine(cdf: Callable, qs, a, b, ha, hb, llo, lhi, refine_iters: int = 3, *,
+           cdf_slope: Callable | None = None, logit: bool = True, max_iters: int | None = None):
+    """Steps 2-3 of `search`: refine inside [a, b] (F(a) < q <= F(b), (logit) values
+    ha, hb), the answer clipped to [llo, lhi]. With `max_iters` (Newton only), steps go
+    on past `refine_iters` while some level's last step exceeds `_REFINE_TOL`, up to
+    `max_iters` (a `while_loop`: a batch pays for its slowest element), for a bracket
+    that may be wide (`rebracket`'s)."""
+    dtype = jnp.result_type(a, b)
+    qs = jnp.asarray(qs, dtype)
+    _logit = _logit_of if logit else (lambda f, dtype: f)
+    hq = _logit(qs, dtype)
 
     def secant(a, b, ha, hb):
         c = a + (hq - ha) * (b - a) / jnp.maximum(hb - ha, _MIN_CDF_STEP)
@@ -119,7 +187,20 @@ def search(cdf: Callable, qs, llo, lhi, grid_points: int = 16, refine_iters: int
             return a, b, ha, hb, jnp.where(inside, x_new, fallback), b - a
 
         state = (a, b, ha, hb, secant(a, b, ha, hb), jnp.full(qs.shape, jnp.inf, dtype))
-        a, b, ha, hb, x, _ = jax.lax.fori_loop(0, refine_iters, newton, state)
+        if max_iters is None or max_iters <= refine_iters:
+            a, b, ha, hb, x, _ = jax.lax.fori_loop(0, refine_iters, newton, state)
+        else:
+            def more(carry):
+                i, state, moved = carry
+                return (i < refine_iters) | ((i < max_iters) & (moved > _REFINE_TOL))
+
+            def step(carry):
+                i, state, _ = carry
+                new_state = newton(i, state)
+                return i + 1, new_state, jnp.max(jnp.abs(new_state[4] - state[4]))
+
+            _, (a, b, ha, hb, x, _), _ = jax.lax.while_loop(
+                more, step, (jnp.asarray(0), state, jnp.asarray(jnp.inf, dtype)))
         # The last iterate, evaluated, narrows the bracket once more, and the answer is
         # the logit interpolation inside it: Newton's last step alone is unchecked (on
         # these piecewise-smooth CDFs it can overshoot within the bracket, by up to 3%
