@@ -65,13 +65,13 @@ class Resolution:
             Fig. 12 grid closer to a converged float64 solve than the float64 search
             (docs/speed.md §2), and the TBT search 1.7x, the E2E search 1.17x faster
             (SIMD width; the E2E one is bound by its table lookups).
-        search_components: a mixture with a wait table and more than twice this many
-            components is searched on its this-many heaviest (weights renormalised),
-            then the root is corrected by Newton steps on the whole mixture (one in the
-            search's precision, one in the inputs': `_polish`), so the answer is the
-            whole mixture's; None searches the whole mixture. On the E2E mixture
-            (4 routes x 5 counts x 28 x 32 classes = 17,920 components) the heaviest
-            4,096 carry all but ~1e-4 of the weight (docs/speed.md §2).
+        search_components: a mixture with a wait table and more than twice
+            max(search_components, C / 8) components is bracketed on that many of its
+            heaviest (weights renormalised); the bracket is then made the whole
+            mixture's (`quantiles.rebracket`) and refined on it (`quantiles.refine`),
+            so the answer is the whole mixture's root. None brackets on the whole
+            mixture. E2E solve on Splitwise-HH 26+6, coding at 70 req/s (17,920
+            components): 11.0 -> 6.7 ms (docs/speed.md §2 item 8).
     """
 
     window_points: int = 8
