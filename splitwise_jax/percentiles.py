@@ -281,14 +281,13 @@ def _bracket(mix: Mixture, scale):
 _EXTRA_REFINE = 16
 
 
-def _heaviest(p: _Params, idx, has_wait: bool) -> _Params:
-    """The components `idx` of `p`, their weights renormalised to sum to one (the
-    search's stand-in for the whole mixture; the tables are shared, not gathered)."""
+def _heaviest(p: _Params, idx) -> _Params:
+    """The components `idx` of a mixture with a wait table, their weights renormalised
+    to sum to one (the bracket's stand-in for the whole mixture; the tables are shared,
+    not gathered)."""
     take = lambda a: a[idx]  # noqa: E731
-    w_atom, w_busy = take(p.w_atom), (take(p.w_busy) if has_wait else p.w_busy)
-    total = jnp.sum(w_atom) + (jnp.sum(w_busy) if has_wait else 0.0)
-    if not has_wait:
-        return p._replace(slope=take(p.slope), offset=take(p.offset), w_atom=w_atom / total)
+    w_atom, w_busy = take(p.w_atom), take(p.w_busy)
+    total = jnp.sum(w_atom) + jnp.sum(w_busy)
     return p._replace(slope=take(p.slope), offset=take(p.offset), w_atom=w_atom / total, scale=take(p.scale),
                       shift=take(p.shift), k=take(p.k), w_busy=w_busy / total, route=take(p.route))
 
@@ -356,7 +355,7 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
             a, b, ha, hb = bracket(full, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
         else:
             # Bracket on the heaviest components, then make it the whole mixture's.
-            p_part = _heaviest(p_search, heaviest, has_wait)
+            p_part = _heaviest(p_search, heaviest)
             a, b, _, _ = bracket(lambda lt: cdf(lt, p_part), q_s, llo_s, lhi_s, res.grid_points,
                                  zoom_points=res.zoom_points)
             a, b, ha, hb = rebracket(full, q_s, a, b, llo_s, lhi_s)
