@@ -865,12 +865,14 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
 
 def _flat_out(st: PoolState) -> PoolState:
     """A pool's state for its decoders while its prompt queue never empties: busy 1 and
-    no routing around them, so the share of a decoder's time lost is E[X] / E[T_prompt]
-    and it sits through 1 / (1 - that) x t_d / E[X] prompt iterations per step (the
-    reciprocal of the share of prompt iterations that carry it), at most 4
-    (`pool.interruptions_per_step`, as `pool._rates` with phi = busy = 1)."""
-    frac = st.interf_mean_s / jnp.maximum(st.mean_prompt_s, 1e-9)
-    events = interruptions_per_step(frac, st.decode_s, jnp.maximum(st.interf_mean_s, 1e-9))
+    no routing around them. A decoder advances in every prompt iteration it rides along
+    (the prompt fits next to the batch, a share c of them) and waits out the others, so
+    a step spans 1 / c prompt iterations, losing E[X] each (X: a riding iteration less
+    the decoder's own step, or the whole of one it cannot ride): step = t_d + E[X] / c,
+    at most 4 iterations (`pool.interruptions_per_step`'s cap)."""
+    x = jnp.maximum(st.interf_mean_s, 1e-9)
+    frac = x / (x + jnp.maximum(st.carry_share, 1e-6) * st.decode_s)   # share of its time lost
+    events = interruptions_per_step(frac, st.decode_s, x)
     return st._replace(events_per_step=events, step_s=st.decode_s + events * st.interf_mean_s)
 
 

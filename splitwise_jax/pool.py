@@ -98,13 +98,18 @@ class PoolState(NamedTuple):
     interf_mean_s: jnp.ndarray     # E[X], time a decoder loses per prompt iteration
     interf_var_s2: jnp.ndarray     # Var[X]
     residual_s: jnp.ndarray        # mean wait for the iteration in flight at a prompt's arrival
+    carry_share: jnp.ndarray       # share of prompt iterations a decoder on the machine rides along
 
 
 def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
     """Prompt iterations per class (with the decoders that ride along) and the decode-only
     iteration, from ONE timing call (one inlined phase model: compile time).
 
-    Returns (t_prompt (K,), P(the iteration carries decoders) (K,), t_decode)."""
+    Returns (t_prompt (K,), P(a decoder on the machine rides along) (K,), t_decode, and what a
+    decoder on the machine loses per prompt iteration (K,)). The last is conditional on
+    that decoder being there: it rides along whenever the prompt fits next to the batch
+    (p + decoders <= max_batch_tokens), whatever the chance that a prompt finds decoders
+    at all; a prompt too large for the batch runs alone and the decoder waits it out."""
     k = p_tok.shape[0]
     found = batch * jsq_share(batch)                    # decoders on the chosen machine
     none = jnp.exp(-found)
@@ -123,7 +128,8 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
     ))
     alone, mixed, t_d = t[:k], t[k:2 * k], t[2 * k]
     mix_prob = (1.0 - none) * fits
-    return (1.0 - mix_prob) * alone + mix_prob * mixed, mix_prob, t_d
+    lost = (1.0 - fits) * alone + fits * jnp.maximum(mixed - t_d, 1e-6)
+    return (1.0 - mix_prob) * alone + mix_prob * mixed, fits, t_d, lost
 
 
 def interruptions_per_step(frac, t_decode, mean_loss):
@@ -135,18 +141,17 @@ def interruptions_per_step(frac, t_decode, mean_loss):
 
 
 def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens):
-    t_p, mix_prob, t_d = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
+    t_p, fits, t_d, x_k = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
     e_t = jnp.dot(prompt_w, t_p)
     busy = smooth_min_one(lam_p * e_t, _RHO_TEMPERATURE)
-    # What a decoder loses per prompt iteration it sits through: the prompt iteration,
-    # less its own decode step when it rides along.
-    x_k = jnp.maximum(t_p - mix_prob * t_d, 1e-6)
+    # What a decoder loses per prompt iteration it sits through (x_k): the prompt
+    # iteration, less its own decode step when it rides along.
     e_x = jnp.dot(prompt_w, x_k)
     var_x = jnp.maximum(jnp.dot(prompt_w, x_k**2) - e_x**2, 0.0)
     frac = jsq_share(batch) * busy * e_x / e_t          # share of a decoder's time lost
     events = interruptions_per_step(frac, t_d, e_x)
     step = t_d + events * e_x
-    return t_p, e_t, busy, t_d, step, events, e_x, var_x
+    return t_p, e_t, busy, t_d, step, events, e_x, var_x, jnp.dot(prompt_w, fits)
 
 
 def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
@@ -159,14 +164,14 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     n = jnp.maximum(n_machines, 1e-6)
     lam_p = prompt_rate / n
     lam_d = decode_rate / n
-    t_p, e_t, busy, t_d, step, events, e_x, var_x = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch,
+    t_p, e_t, busy, t_d, step, events, e_x, var_x, carry = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch,
                                                            max_batch_tokens)
     e_t2 = jnp.dot(prompt_w, t_p**2)
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
     decoding = 1.0 - jnp.exp(-batch)
     residual = (1.0 - busy) * decoding * 0.5 * t_d
     return PoolState(lam_p * e_t, batch, lam_d * mean_decode_iters * step, t_p, e_t, scv, t_d, step, events, e_x,
-                     var_x, residual)
+                     var_x, residual, carry)
 
 
 def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
@@ -297,7 +302,7 @@ def _root(args):
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     log_b0 = jnp.log(b0)
     zero = jnp.zeros_like(log_b0)
-    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros_like(args[4] * zero), *(zero,) * 8))
+    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros_like(args[4] * zero), *(zero,) * 9))
     _, _, (log_b, st), _ = jax.lax.while_loop(going, newton, (0, log_b0, empty, jnp.asarray(jnp.inf, log_b0.dtype)))
     return log_b, st
 
