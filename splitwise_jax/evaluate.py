@@ -130,6 +130,7 @@ def _preset_sizes(ap, a) -> tuple[float, float]:
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
+    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     ap = build_parser()
     a = ap.parse_args(argv)
     preset = _design_args.is_preset(a)

@@ -130,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
+    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     ap = _parser()
     args = ap.parse_args(argv)
     with _cli.input_errors(ap):

@@ -74,3 +74,33 @@ def test_cli_modules_run_with_dash_m(module):
     assert proc.returncode == 0, proc.stderr
     assert f"python -m splitwise_jax.{module}" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "--xla_cpu_use_fusion_emitters=false"),
+    # a user's own setting of the flag wins, and other flags are kept
+    ({"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2"},
+     "--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2"),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+     "--xla_force_host_platform_device_count=2 --xla_cpu_use_fusion_emitters=false"),
+    ({"SPLITWISE_XLA_DEFAULTS": "1"}, ""),
+])
+def test_cli_compile_policy_sets_the_loop_emitters_flag_unless_told_otherwise(env, expected):
+    """`_cli.fast_compile` (every CLI's first lines) adds the loop-emitter flag to
+    XLA_FLAGS before JAX starts its backend, and only then."""
+    code = textwrap.dedent("""
+        import os
+        from splitwise_jax import _cli
+        _cli.fast_compile()
+        print(os.environ.get("XLA_FLAGS", ""))
+        import jax.numpy as jnp
+        jnp.zeros(1).block_until_ready()           # the backend has started: too late now
+        os.environ["XLA_FLAGS"] = "x"
+        _cli.fast_compile()
+        print(os.environ["XLA_FLAGS"])
+    """)
+    base = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "SPLITWISE_XLA_DEFAULTS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env}, check=True)
+    first, second = out.stdout.splitlines()
+    assert first == expected
+    assert second == "x"

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
+    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     from splitwise_jax.profiles import load_profiles
 
     ap = build_parser()

@@ -155,6 +155,7 @@ def _check_flags(args) -> None:
 def main(argv=None) -> int:
     """Command-line entry point (see docs/optimize.md); bad input exits 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
+    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     from splitwise_jax.designs import DESIGNS, build_cluster, make_cluster
     from splitwise_jax.optimize.variants import best_variant, variants, variants_table
     from splitwise_jax.workload import coarsen

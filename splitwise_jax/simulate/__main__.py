@@ -117,6 +117,7 @@ def make_trace(a, ap):
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
+    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     ap = build_parser()
     a = ap.parse_args(argv)
 
