@@ -700,12 +700,13 @@ _BACKLOG_TEMPERATURE_S = 0.005
 _BUSY_EDGE = 0.02
 
 
-def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s):
+def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s, n_machines):
     """The prompt pool's fluid backlog over a trace's sub-bins (docs/cluster.md §3c).
 
     Args: each sub-bin's prompt load (W, S); per window the capacity once drafting
     starts, the backlog (s of work) at which it starts, the mean prompt service time,
-    the mean decode's length (each (W,)); the sub-bin length h (s).
+    the mean decode's length (each (W,)); the sub-bin length h (s); the prompt pool's
+    machines c.
 
     Returns (W, S): the mean backlog a sub-bin's arrivals find (s of one prompt
     machine's work), the mean wait it means (that work over the drain rate c(U): past
@@ -743,10 +744,10 @@ def _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s):
 
     _, busy_for = jax.lax.scan(back, jnp.asarray(0.0), (busy_end, jnp.roll(busy_end, -1).at[-1].set(0.0), drain),
                                reverse=True)
-    # Flat out while a backlog is held, smoothly U / (U + E[S]) as the queued share of
-    # arrivals, per sub-bin the mean over its points; looked ahead with weight
-    # e^{-t / decode_s}.
-    flat = jnp.mean(ramps / (ramps + per_sub(service)[:, None]), axis=1)
+    # Flat out while a backlog is held, smoothly U / (U + E[S] / c) as the queued share
+    # of arrivals (c U / E[S] prompts queued in the pool; `_windowed_components`), per
+    # sub-bin the mean over its points; looked ahead with weight e^{-t / decode_s}.
+    flat = jnp.mean(ramps / (ramps + per_sub(service / n_machines)[:, None]), axis=1)
     keep = jnp.exp(-h / jnp.maximum(per_sub(decode_s), 1e-3))
 
     def ahead(later, x):
@@ -765,7 +766,9 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     Queues carry over as a fluid on the profile's sub-bins (docs/cluster.md §3c): the
     prompt pool's per-machine backlog U (s of work) grows at rho_w x sub_rel - 1 through
     each sub-bin of window w and never falls below zero. Each window's arrivals split in
-    two regimes by the backlog their sub-bin finds (smoothly, q = U / (U + E[S])):
+    two regimes by the backlog their sub-bin finds (smoothly, q = U / (U + E[S] / c):
+    c U / E[S] prompts are queued in the pool, and an arrival finds the queue empty
+    with chance 1 / (1 + c U / E[S]), a geometric queue length of that mean):
     *queued* arrivals find the arrival-weighted mean U of their sub-bins and wait U / c(U)
     (c the pool's drain rate, token machines included past the drafting threshold),
     while the pool runs flat out (prompt load 1: the decodes sharing its machines sit
@@ -800,8 +803,9 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
     mean_p = jnp.dot(cls.wp, cls.p)
     draft_at = softplus(cluster.scheduling.draft_pending_tokens - mean_p, 64.0) * service / mean_p
     rho_sub = first[:, None] * prof.sub_rel
-    found, found_wait, busy_for, flat_ahead = _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s)
-    queued = found / (found + service[:, None])
+    n_queue = jnp.maximum(jnp.asarray(cluster.n_prompt, float), 1.0)
+    found, found_wait, busy_for, flat_ahead = _backlog_fluid(rho_sub, capacity, draft_at, service, h, decode_s, n_queue)
+    queued = found / (found + service[:, None] / n_queue)
     # Flat-out time left after a queued arrival's own wait, from the middle of its sub-bin.
     left = softplus(0.5 * h + busy_for - found_wait, _BACKLOG_TEMPERATURE_S)
     arrivals_q = prof.sub_rel * queued

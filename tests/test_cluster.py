@@ -464,7 +464,7 @@ def test_fluid_backlog_drains_at_the_pools_rate(capacity):
     n = int(d / h)
     rho_sub = jnp.concatenate([jnp.full((n,), rho), jnp.zeros((n,))])[None, :]
     found, wait, busy_for, _ = _backlog_fluid(rho_sub, jnp.asarray([capacity]), jnp.asarray([0.01]),
-                                              jnp.asarray([0.3]), h, jnp.asarray([5.0]))
+                                              jnp.asarray([0.3]), h, jnp.asarray([5.0]), 1.0)
     # The last sub-bin of the stretch: its arrivals find the backlog at its middle. The
     # rate is read at each sub-bin's start, so the first runs at c(0) = 1.
     expect = (rho - 1.0) * h + (rho - capacity) * (d - 1.5 * h)
