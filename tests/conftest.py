@@ -83,7 +83,6 @@ def pytest_unconfigure(config):
 # session, both workers busy; three added 2026-12-01 from a later run at 716 s, where
 # they had started last); a renamed test just loses its place.
 _LONGEST_S = {
-    "tests/test_studies.py::test_study_smoke[fig18_19_iso.py]": 111,
     "tests/test_studies.py::test_study_smoke[bandwidth_sensitivity.py]": 95,
     "tests/test_optimize.py::test_power_optimum_matches_grid_with_free_token_cap": 81,
     "tests/test_optimize.py::test_pruned_grid_is_exact": 71,
