@@ -18,6 +18,12 @@ model predicted for it (a `studies/validate_cluster.py` output, `--runs`). Per r
   and C E[min(Q, c)] / c = C rho (1 - rho^c) / (c (1 - rho)) (M/M/c: the least-loaded
   machine is a random busy one; docs/cluster.md §4).
 
+* the drafted share by prompt size; the prompt pool's state at arrivals given every
+  machine busy (queued prompts per machine, the share with a queue, whether the
+  least-loaded machine has one and its pending tokens then): the factors of the
+  drafting law; and the token-pool decodes that find a draft running on their machine
+  as their KV cache lands, beside the PASTA and lag-limited predictions.
+
 Writes ``drafting_check.csv`` into ``--out`` and prints it as a table. Pure pandas,
 seconds. Needs the shared data folder (`SPLITWISE_SHARED`).
 
@@ -76,6 +82,73 @@ def busy_fraction(start: pd.Series, end: pd.Series, span: float, n: int) -> floa
     return (total + hi - lo) / span / n
 
 
+# Prompt sizes (tokens) of the per-size drafted shares.
+SIZE_BINS = ((3000, 4000), (4000, 6000), (6000, 9000))
+# Every k-th arrival is a sampling instant of the prompt pool's state (PASTA).
+_STATE_STRIDE = 3
+
+
+def queue_state(d: pd.DataFrame, on_p: pd.Series, warmup_s: float = 10.0) -> dict:
+    """The prompt pool's state at arrival instants, from the per-request records: a
+    prompt is queued on its machine from arrival to its start, running from start to
+    end, and a machine's pending tokens are its running and queued prompts' sizes (the
+    reference counts a running prompt whole). Given every prompt-pool machine busy
+    (`all_busy`, the chance an arrival finds it so): the mean number of queued prompts
+    per machine (`nq_share`), the share of machines with a queue (`queued_share`), the
+    chance the machine with the fewest pending tokens has one (`min_queued`) and then
+    that its pending tokens exceed 1,200 and 3,200 (a 7,000- and a 5,000-token prompt
+    are drafted past 8,192). A prompt-pool machine in the mixed pool that runs decodes
+    only counts as idle here."""
+    pm = d[on_p]
+    names = sorted(pm["prompt_machine"].unique())
+    idx = pm["prompt_machine"].map({m: i for i, m in enumerate(names)}).to_numpy()
+    arr, start, end = (pm[c].to_numpy() for c in ("arrival_s", "prompt_start_s", "prompt_end_s"))
+    tok = pm["prompt_tokens"].to_numpy(float)
+    t_all = d["arrival_s"].to_numpy()
+    ts = np.sort(t_all[(t_all > t_all.min() + warmup_s) & (t_all < t_all.max() - 5.0)])[::_STATE_STRIDE]
+    n = len(names)
+    busy_n, nq, sh, minq, spt_min = 0, [], [], [], []
+    for t in ts:
+        q = (arr < t) & (start > t)
+        r = (start <= t) & (end > t)
+        qc = np.bincount(idx[q], minlength=n)
+        if not np.all((qc + np.bincount(idx[r], minlength=n)) > 0):
+            continue
+        busy_n += 1
+        spt = np.bincount(idx[q | r], weights=tok[q | r], minlength=n)
+        j = int(np.argmin(spt))
+        nq.append(qc.sum() / n)
+        sh.append(np.mean(qc > 0))
+        minq.append(qc[j] > 0)
+        spt_min.append(spt[j])
+    minq, spt_min = np.asarray(minq, bool), np.asarray(spt_min)
+    m = lambda x: float(np.mean(x)) if len(x) else np.nan  # noqa: E731
+    return {"ref_all_busy": busy_n / max(len(ts), 1), "ref_nq_share": m(nq), "ref_queued_share": m(sh),
+            "ref_min_queued": m(minq), "ref_min_pending_gt_1200": m(spt_min[minq] > 1200),
+            "ref_min_pending_gt_3200": m(spt_min[minq] > 3200)}
+
+
+def first_step_wait(d: pd.DataFrame, drafted: pd.Series, moved: pd.Series, n_token: int, span: float) -> dict:
+    """Decodes on token-pool machines whose machine runs a drafted prompt when their KV
+    cache lands (`ref_draft_at_kv_end`), beside two predictions from the reference's own
+    drafts: PASTA, r E[D] (r drafts per token machine per second, D a draft's run
+    time), and the lag-limited r E[min(D, L)], L the request's time from arrival to its
+    KV's end (its token machine was in the token pool when it arrived, so the draft
+    started within L). docs/cluster.md §4."""
+    tok = d[~moved & d["kv_end_s"].notna()]
+    runs = {m: g[["prompt_start_s", "prompt_end_s"]].to_numpy() for m, g in d[drafted].groupby("prompt_machine")}
+    hit = [bool(iv is not None and np.any((iv[:, 0] <= k) & (iv[:, 1] > k)))
+           for iv, k in zip((runs.get(m) for m in tok["token_machine"]), tok["kv_end_s"])]
+    dur = (d["prompt_end_s"] - d["prompt_start_s"])[drafted].to_numpy()
+    lag = (tok["kv_end_s"] - tok["arrival_s"]).to_numpy()
+    r = len(dur) / span / max(n_token, 1)
+    lags = np.random.default_rng(0).choice(lag, min(len(lag), 2000), replace=False) if len(lag) else lag
+    both = np.minimum(dur[:, None], lags[None, :]) if len(dur) and len(lags) else np.zeros(1)
+    return {"ref_draft_at_kv_end": float(np.mean(hit)) if hit else np.nan,
+            "law_first_wait_pasta": r * float(dur.mean()) if len(dur) else 0.0,
+            "law_first_wait_lag": r * float(both.mean())}
+
+
 def reference_row(path: Path) -> dict:
     m = _NAME.match(path.name)
     design, n_p, n_t, wl = m["design"], int(m["p"]), int(m["t"]), m["wl"]
@@ -91,6 +164,9 @@ def reference_row(path: Path) -> dict:
               for _, g in d[on_p].groupby("prompt_machine")) / n_p
     q = lambda s, x: float(s.quantile(x)) if len(s) else np.nan  # noqa: E731
     rate = re.match(r"^(code|conv)(\d+)$", wl)
+    by_size = {f"ref_drafted_{lo // 1000}_{hi // 1000}k": float(drafted[(d["prompt_tokens"] > lo)
+                                                                         & (d["prompt_tokens"] <= hi)].mean())
+               for lo, hi in SIZE_BINS}
     return {
         "design": design, "n_prompt": n_p, "n_token": n_t,
         "workload": rate[1] if rate else wl, "rate": float(rate[2]) if rate else np.nan,
@@ -101,6 +177,7 @@ def reference_row(path: Path) -> dict:
         "ref_token_wait_p90_s": q(tok_wait, 0.9), "ref_token_wait_p99_s": q(tok_wait, 0.99),
         **{f"ref_tbt_{'token' if k else 'prompt'}_p{int(x * 100)}_s": q(d["tbt_s"][moved != k], x)
            for k in (True, False) for x in (0.5, 0.9, 0.99)},
+        **by_size, **queue_state(d, on_p), **first_step_wait(d, drafted, moved, n_t, span),
     }
 
 
@@ -141,8 +218,14 @@ def main(argv=None) -> int:
     show = ["design", "n_prompt", "n_token", "workload", "rate", "ref_rho_prompt", "rho_prompt", "ref_drafted", "ours_drafted",
             "ref_drafted_big", "law_p_w_gt_es", "law_queue_share", "ref_draft_time_per_token_machine",
             "ref_moved", "ours_moved", "ref_token_wait_p99_s", "ref_tbt_token_p50_s", "ref_tbt_token_p99_s"]
+    state = ["design", "n_prompt", "n_token", "workload", "rate"] + [f"ref_drafted_{lo // 1000}_{hi // 1000}k"
+                                                                      for lo, hi in SIZE_BINS] + [
+        "ref_all_busy", "ref_nq_share", "ref_queued_share", "ref_min_queued", "ref_min_pending_gt_1200",
+        "ref_min_pending_gt_3200", "ref_draft_at_kv_end", "law_first_wait_pasta", "law_first_wait_lag"]
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(table[show].round(4).to_string(index=False))
+        print("\nThe drafting law's factors and the token machines' first-step wait (docs/cluster.md §4):")
+        print(table[state].round(4).to_string(index=False))
     print(f"wrote {out / 'drafting_check.csv'}")
     return 0
 

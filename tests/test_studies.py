@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import SHARED, needs_shared
@@ -161,3 +162,29 @@ def test_drafting_check_reads_the_reference_as_its_readme_says():
     assert row["ref_machines_hosting_moved"] == 10
     assert 0.0 < row["ref_drafted"] < row["ref_drafted_big"] < 1.0
     assert 0.7 < row["ref_rho_prompt"] < 1.0
+    # The reference drafts the largest prompts (measured 2026-12-02: 0.4 / 2.7 / 7.5 %).
+    assert row["ref_drafted_3_4k"] < row["ref_drafted_4_6k"] < row["ref_drafted_6_9k"] < 0.2
+    # Given every prompt machine busy, the least-loaded one has a queue about as often as
+    # a machine does (0.42 vs 0.48: the drafting law's form).
+    assert abs(row["ref_min_queued"] - row["ref_queued_share"]) < 0.1
+    # 11.7 % of token-machine decodes find a draft running as their KV lands: between the
+    # lag-limited (6.6 %) and PASTA (18 %) predictions on this run, whose full token pool
+    # sends overflowing decodes to drafted machines (docs/cluster.md §4).
+    assert 0.10 < row["ref_draft_at_kv_end"] < 0.13
+    assert row["law_first_wait_lag"] < row["ref_draft_at_kv_end"] < row["law_first_wait_pasta"]
+
+
+def test_first_step_wait_counts_a_draft_running_at_the_kv_end():
+    """One draft on token machine T_1 runs over [1, 3] s; a decode whose KV lands at 2 s
+    on T_1 finds it, one landing at 4 s does not. PASTA: 1 draft / 10 s x 2 s = 0.2;
+    lag-limited: the lags are 1.5 and 2 s, so E[min(D, L)] = 1.75 s -> 0.175."""
+    dc = _drafting_check()
+    d = pd.DataFrame({"prompt_machine": ["T_1", "P_0", "P_0"], "prompt_start_s": [1.0, 0.0, 0.0],
+                      "prompt_end_s": [3.0, 0.2, 0.2], "arrival_s": [0.5, 0.5, 2.0],
+                      "kv_end_s": [np.nan, 2.0, 4.0], "token_machine": ["T_1", "T_1", "T_1"]})
+    drafted = pd.Series([True, False, False])
+    moved = pd.Series([False, False, False])
+    out = dc.first_step_wait(d, drafted, moved, n_token=1, span=10.0)
+    assert out["ref_draft_at_kv_end"] == pytest.approx(0.5)
+    assert out["law_first_wait_pasta"] == pytest.approx(0.2)
+    assert out["law_first_wait_lag"] == pytest.approx(0.175)
