@@ -152,12 +152,14 @@ _REFINE_TOL = 1e-5
 
 
 def refine(cdf: Callable, qs, a, b, ha, hb, llo, lhi, refine_iters: int = 3, *,
-           cdf_slope: Callable | None = None, logit: bool = True, max_iters: int | None = None):
+           cdf_slope: Callable | None = None, logit: bool = True, max_iters: int | None = None,
+           extra_if=True):
     """Steps 2-3 of `search`: refine inside [a, b] (F(a) < q <= F(b), (logit) values
     ha, hb), the answer clipped to [llo, lhi]. With `max_iters` (Newton only), steps go
     on past `refine_iters` while some level's last step exceeds `_REFINE_TOL`, up to
     `max_iters` (a `while_loop`: a batch pays for its slowest element), for a bracket
-    that may be wide (`rebracket`'s)."""
+    that may be wide (`rebracket`'s); `extra_if` (a boolean, traced or not) allows
+    those extra steps only where it is true."""
     dtype = jnp.result_type(a, b)
     qs = jnp.asarray(qs, dtype)
     _logit = _logit_of if logit else (lambda f, dtype: f)
@@ -192,7 +194,7 @@ def refine(cdf: Callable, qs, a, b, ha, hb, llo, lhi, refine_iters: int = 3, *,
         else:
             def more(carry):
                 i, state, moved = carry
-                return (i < refine_iters) | ((i < max_iters) & (moved > _REFINE_TOL))
+                return (i < refine_iters) | ((i < max_iters) & extra_if & (moved > _REFINE_TOL))
 
             def step(carry):
                 i, state, _ = carry
