@@ -278,21 +278,10 @@ def _bracket(mix: Mixture, scale):
     return jax.lax.stop_gradient(jnp.log(lo)), jax.lax.stop_gradient(jnp.log(hi))
 
 
-# Newton steps `refine` may add after a bracket found on the heaviest components and
+# Newton steps `refine` may add where the bracket around the stand-in's root had to be
 # widened by `rebracket`: safeguarded (at worst a bisection every other step), 16 more
 # steps halve a bracket of a few units in log t to < 1e-3 at the very worst.
 _EXTRA_REFINE = 16
-
-
-def _heaviest(p: _Params, idx) -> _Params:
-    """The components `idx` of a mixture with a wait table, their weights renormalised
-    to sum to one (the bracket's stand-in for the whole mixture; the tables are shared,
-    not gathered)."""
-    take = lambda a: a[idx]  # noqa: E731
-    w_atom, w_busy = take(p.w_atom), take(p.w_busy)
-    total = jnp.sum(w_atom) + jnp.sum(w_busy)
-    return p._replace(slope=take(p.slope), offset=take(p.offset), w_atom=w_atom / total, scale=take(p.scale),
-                      shift=take(p.shift), k=take(p.k), w_busy=w_busy / total, route=take(p.route))
 
 
 # Bins per route of the components left out of the search's stand-in (`_stand_in`),
@@ -310,7 +299,8 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     stand-in's weights sum to the whole mixture's and its CDF differs from the whole's
     only by the left-out components' spread within a bin (2-3 % of log t wide); the
     search on it is then corrected on the whole mixture (`quantiles.rebracket`,
-    `quantiles.refine`). Not differentiated (the search's parameters are stopped)."""
+    `quantiles.refine`). For a mixture with a wait table (n_table > 0); not
+    differentiated (the search's parameters are stopped)."""
     n = p.slope.shape[0]
     keep = jnp.zeros((n,), bool).at[idx].set(True)
     w = jnp.where(keep, 0.0, p.w_atom + p.w_busy)
@@ -328,9 +318,8 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     hi = jnp.where(jnp.isfinite(hi), hi, 1.0)
     width = jnp.maximum(hi - lo, 1e-6) / bins
     b = jnp.clip(((log_loc - lo) / width).astype(jnp.int32), 0, bins - 1)
-    r = p.route // max(n_table, 1) if n_table else jnp.zeros_like(p.route)
-    seg = r * bins + b
-    n_seg = (int(p.values.shape[0]) // max(n_table, 1) if n_table else 1) * bins
+    seg = (p.route // n_table) * bins + b
+    n_seg = (p.values.shape[0] // n_table) * bins
     total = lambda x: jax.ops.segment_sum(x, seg, n_seg)  # noqa: E731
     w_atom = total(jnp.where(keep | ~live, 0.0, p.w_atom))
     w_busy = total(jnp.where(keep | ~live, 0.0, p.w_busy))
@@ -347,8 +336,8 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     slope_b = _LOGISTIC / sd_b
     scale_b = jnp.where(has, mean(p.scale), 1.0)
     route_b = (jnp.arange(n_seg, dtype=jnp.int32) // bins) * n_table
-    k_b = jax.ops.segment_max(p.k, seg, n_seg) if n_table else jnp.zeros((n_seg,), p.k.dtype)
-    k_b = jnp.where(jnp.isfinite(k_b), k_b, 0.0)
+    k_b = jax.ops.segment_max(p.k, seg, n_seg)
+    k_b = jnp.where(jnp.isfinite(k_b), k_b, 0.0)  # a route without left-out components
     cat = lambda a, c: jnp.concatenate([a[idx], c.astype(a.dtype)])  # noqa: E731
     return p._replace(slope=cat(p.slope, slope_b), offset=cat(p.offset, slope_b * loc_b),
                       w_atom=cat(p.w_atom, w_atom), scale=cat(p.scale, scale_b),
