@@ -143,7 +143,8 @@ def main(argv=None) -> int:
                     help=f"machine counts per pool, spread over 1..{MAX_MACHINES}")
     ap.add_argument("--rate", type=float, default=70.0, help="arrival rate, req/s")
     ap.add_argument("--repeats", type=int, default=1 if SMOKE else 3, help="timed runs after compiling")
-    ap.add_argument("--batch-size", type=int, default=16, help="configurations per vectorised block per device")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="configurations per lax.map block per device (default: sweep's, 1 on CPU)")
     ap.add_argument("--compare-with", metavar="DIR", help="another checkout (e.g. the previous commit's worktree)")
     ap.add_argument("--json", metavar="PATH", help="also write the figures here")
     args = ap.parse_args(argv)

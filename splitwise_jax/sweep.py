@@ -4,7 +4,8 @@ devices of several hosts, with the same code.
 A sweep applies one per-configuration function (say `evaluate` of a cluster whose pool
 sizes and rate come from a row) to N rows. `sweep` lays the rows along a one-axis device
 mesh (axis "sweep") and runs `jax.shard_map` over it; each device runs `jax.lax.map`
-over its share in vectorised blocks of `batch_size` rows. Rows are padded (with copies
+over its share in blocks of `batch_size` rows (vectorised on an accelerator; one row
+at a time on CPU, where that is faster: `default_batch_size`). Rows are padded (with copies
 of the last) to fill every device equally and cut off again on return.
 
 Which devices:
@@ -82,7 +83,25 @@ def _global(x: np.ndarray, sharding: NamedSharding):
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
 
-def sweep(fn: Callable, rows: Any, shared: Sequence = (), *, batch_size: int = 16,
+# Rows per `lax.map` block on an accelerator (vectorised); on CPU one row at a time
+# (`default_batch_size`).
+ACCELERATOR_BATCH = 16
+
+
+def default_batch_size(devices: Sequence) -> int:
+    """1 when every device is a CPU, else `ACCELERATOR_BATCH`.
+
+    On CPU a vectorised block runs each of the model's inner loops (fixed points, the
+    percentile search's extra Newton steps) until its slowest row is done, and its
+    table lookups become batched gathers; one row at a time does neither. Measured on
+    the 2-core machine, Fig. 12's 39 x 39 grid at full resolution over 2 CPU devices
+    (one run each, 2026-12-02): blocks of 16 / 8 / 4 / 2 / 1 rows took 14.7 / 12.8 /
+    11.7 / 10.6 / 7.5 s (the optimiser's `assess_batch` maps row by row for the same
+    reason). A GPU needs the blocks to fill it."""
+    return 1 if all(d.platform == "cpu" for d in devices) else ACCELERATOR_BATCH
+
+
+def sweep(fn: Callable, rows: Any, shared: Sequence = (), *, batch_size: int | None = None,
           devices: Sequence | None = None) -> Any:
     """Apply ``fn(row, *shared)`` to every row, sharded over all devices.
 
@@ -93,8 +112,8 @@ def sweep(fn: Callable, rows: Any, shared: Sequence = (), *, batch_size: int = 1
             configuration); host numpy is best (no copy to a default device first).
         shared: arguments every row sees (a workload, a cluster template); replicated
             to every device once, and traced (not baked into the program as constants).
-        batch_size: rows each device evaluates at once (`lax.map` blocks): larger
-            vectorises better, smaller keeps the working set in cache.
+        batch_size: rows each device evaluates at once (`lax.map` blocks); default
+            `default_batch_size(devices)`: 1 on CPU, 16 on an accelerator.
         devices: devices to use (default: `jax.devices()`, all hosts' when
             `jax.distributed` is initialised).
 
@@ -111,6 +130,8 @@ def sweep(fn: Callable, rows: Any, shared: Sequence = (), *, batch_size: int = 1
     if n == 0 or any(a.ndim == 0 or a.shape[0] != n for a in leaves):
         raise ValueError(f"sweep: every leaf of rows needs the same leading axis > 0, got shapes "
                          f"{[a.shape for a in leaves]}")
+    if batch_size is None:
+        batch_size = default_batch_size(devices)
     if batch_size < 1:
         raise ValueError(f"sweep: batch_size must be >= 1, got {batch_size}")
     per_device = -(-n // len(devices))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -85,3 +86,18 @@ def test_pytrees_padding_and_shared_arguments():
 def test_bad_rows_are_named(rows, batch_size, match):
     with pytest.raises(ValueError, match=match):
         sweep(lambda r: r, rows, batch_size=batch_size)
+
+
+def test_default_block_is_one_row_on_cpu_and_a_vector_on_an_accelerator():
+    """`default_batch_size`: one row at a time on CPU (measured 2x faster on the Fig. 12
+    grid than blocks of 16, docs/speed.md §3), `ACCELERATOR_BATCH` rows when any device
+    is not a CPU; the default sweep gives the same rows back."""
+    from splitwise_jax.sweep import ACCELERATOR_BATCH, default_batch_size
+
+    class _Gpu:
+        platform = "gpu"
+
+    assert default_batch_size(jax.devices("cpu")) == 1
+    assert default_batch_size([_Gpu()]) == ACCELERATOR_BATCH
+    out = sweep(lambda r: r * 2.0, np.arange(5.0))
+    np.testing.assert_array_equal(out, 2.0 * np.arange(5.0))
