@@ -52,11 +52,12 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Callable
 
 import jax
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtr
 
 from splitwise_jax._paths import PACKAGE_DATA
 from splitwise_jax.calibrate.fit import _from_raw, _to_raw
@@ -158,8 +159,8 @@ def model_form_from_runs(per_run, level: float = 0.9, rho_edges=(0.0, 0.8)) -> d
 
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
-    z = float(norm.ppf(0.5 + 0.5 * level))
-    z1 = float(norm.ppf(level))
+    z = NormalDist().inv_cdf(0.5 + 0.5 * level)
+    z1 = NormalDist().inv_cdf(level)
     edges = np.asarray(rho_edges, float)
     if edges[0] != 0.0 or np.any(np.diff(edges) <= 0):
         raise ValueError(f"rho_edges must start at 0 and increase, got {rho_edges!r}")
@@ -342,7 +343,7 @@ def slo_probability(margin, log_sd) -> np.ndarray:
     margin = np.asarray(margin, float)
     sd = np.broadcast_to(np.asarray(log_sd, float), margin.shape)
     safe = np.where(sd > 0, sd, 1.0)
-    return np.where(sd > 0, norm.cdf(margin / safe), np.where(margin > 0, 1.0, np.where(margin < 0, 0.0, 0.5)))
+    return np.where(sd > 0, ndtr(margin / safe), np.where(margin > 0, 1.0, np.where(margin < 0, 0.0, 0.5)))
 
 
 def joint_probability(p) -> np.ndarray:
@@ -386,7 +387,7 @@ def uncertainty_dict(cluster: Cluster, workload, metrics: ClusterMetrics, horizo
     sd_mf_slo = model_form.sd(rho, mode, "slo") if model_form is not None else np.zeros((3, 3))
     sd_model = np.concatenate([sd_mf.reshape(-1), sd_mf.reshape(-1), np.zeros(len(SCALARS))])
     sd = np.sqrt(sd_param**2 + sd_model**2)
-    z = float(norm.ppf(0.5 + 0.5 * level))
+    z = NormalDist().inv_cdf(0.5 + 0.5 * level)
 
     def entry(i):
         return {"lo": float(point[i] * math.exp(-z * sd[i])), "hi": float(point[i] * math.exp(z * sd[i])),

@@ -15,12 +15,12 @@ References:
 from __future__ import annotations
 
 from functools import partial
+from statistics import NormalDist
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 
 from splitwise_jax.calibrate.fit import _from_raw, _params_of, _to_raw
 from splitwise_jax.calibrate.rows import _bucket, gpu_of_hardware, predict_frame, predict_rows
@@ -68,7 +68,7 @@ def predict_intervals(fitted, rows: pd.DataFrame, level: float = 0.9) -> pd.Data
     if unc is None:
         raise ValueError("this params file has no uncertainty (written before it was stored); rerun "
                          "`python -m splitwise_jax.calibrate` to compute it")
-    z_q = float(norm.ppf(0.5 + 0.5 * level))
+    z_q = NormalDist().inv_cdf(0.5 + 0.5 * level)
     point = predict_frame(fitted, rows)
     out = point[["prompt_time", "token_time"]].copy()
     for ph in _PHASES:

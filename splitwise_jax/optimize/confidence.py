@@ -36,7 +36,6 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-from scipy.stats import norm
 
 from splitwise_jax.cluster import Cluster
 from splitwise_jax.optimize.integer import _box, _cap_values, _neighbourhood, _spend, _within_budget
