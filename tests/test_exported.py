@@ -91,3 +91,30 @@ def test_errors_while_building_are_the_functions_own(cache_dir):
 def test_package_digest_is_stable():
     assert E.package_digest() == E.package_digest()
     assert len(E.package_digest()) == 64
+
+
+def test_fresh_and_committed_inputs_share_one_executable(cache_dir):
+    """The optimiser's first round gets fresh (uncommitted) arrays, its later rounds the
+    previous round's outputs (committed to the device); `Exported.call` keys its wrapper
+    on the inputs' placement, so without committing every input first the same program
+    compiled twice (docs/speed.md §4: two 2.4 MB executables of the Fig. 12 gradient)."""
+    compiles = []
+
+    def listen(name, *_, **__):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        f = E.cached_jit(_model, static_argnames=("steps",))
+        x, p = _args()
+        out = f(x, p, 2)
+        first = len(compiles)
+        assert first >= 1
+        assert not x.committed and out.scaled.committed
+        again = f(out.scaled, p, 2)  # an output (committed) back in, same shape and type
+        assert len(compiles) == first
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    np.testing.assert_allclose(again.scaled, jax.jit(_model, static_argnames=("steps",))(out.scaled, p, 2).scaled,
+                               rtol=0, atol=0)
