@@ -32,6 +32,8 @@ def cache_dir(tmp_path, monkeypatch):
     old = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path))
     monkeypatch.setattr(E, "_loaded", {})
+    monkeypatch.setattr(E, "_executables", {})
+    monkeypatch.setattr(E, "_pending", {})
     yield tmp_path
     jax.config.update("jax_compilation_cache_dir", old)
 
@@ -52,6 +54,7 @@ def test_same_results_as_jit_and_no_tracing_once_exported(cache_dir, monkeypatch
     assert len(list((cache_dir / "exported").glob("*.jaxexport"))) == 1
     # A new process: nothing remembered, the program comes from disk; Python does not trace.
     monkeypatch.setattr(E, "_loaded", {})
+    monkeypatch.setattr(E, "_executables", {})
     TRACES.clear()
     again = E.cached_jit(_model, static_argnames=("steps",))(x * 0.5, p, 3)
     assert TRACES == []
@@ -118,3 +121,33 @@ def test_fresh_and_committed_inputs_share_one_executable(cache_dir):
         jax.monitoring.unregister_event_duration_listener(listen)
     np.testing.assert_allclose(again.scaled, jax.jit(_model, static_argnames=("steps",))(out.scaled, p, 2).scaled,
                                rtol=0, atol=0)
+
+
+def test_a_prefetched_program_is_built_once_and_called_without_tracing(cache_dir):
+    f = E.cached_jit(_model, static_argnames=("steps",))
+    x, p = _args()
+    want = jax.jit(_model, static_argnames=("steps",))(x, p, 4)
+    TRACES.clear()
+    f.prefetch(jnp.zeros(5), p, 4)  # the shapes matter, not the values
+    out = f(x, p, 4)  # waits for the prefetch, then calls what it built
+    assert TRACES == [4]  # traced once, by the prefetch's export
+    assert len(E._executables) == 1 and not E._pending
+    np.testing.assert_allclose(out.scaled, want.scaled, rtol=0, atol=0)
+    f.prefetch(x, p, 4)  # already built: nothing to do
+    assert TRACES == [4] and len(E._executables) == 1
+
+
+def test_a_failed_prefetch_leaves_the_error_to_the_call(cache_dir):
+    def bad(x):
+        raise ValueError("x: not accepted")
+
+    g = E.cached_jit(bad)
+    g.prefetch(jnp.ones(2))
+    with pytest.raises(ValueError, match="x: not accepted"):
+        g(jnp.ones(2))
+
+
+def test_without_a_cache_folder_prefetch_does_nothing(cache_dir, monkeypatch):
+    monkeypatch.setattr(E, "_folder", lambda: None)
+    E.cached_jit(_model, static_argnames=("steps",)).prefetch(jnp.ones(5), _args()[1], 2)
+    assert not E._pending and not E._executables

@@ -24,7 +24,7 @@ from splitwise_jax.optimize.compare import compare_designs, headline_ratios, pro
 from splitwise_jax.optimize.confidence import check_confidence
 from splitwise_jax.optimize.pareto import parse_objectives
 from splitwise_jax.optimize.gradient import optimize
-from splitwise_jax.optimize.integer import evaluate_candidate, full_resolution_step_up, grid_search
+from splitwise_jax.optimize.integer import evaluate_candidate, full_resolution_step_up, grid_search, prefetch_candidate
 from splitwise_jax.optimize.problem import FREE_CAPS, OBJECTIVES, Problem, SolverConfig
 from splitwise_jax.optimize.report import _label, _print_compare, _print_result, _result_dict, plot_compare, plot_plane
 from splitwise_jax.optimize.spec import free_flags, make_spec
@@ -261,6 +261,8 @@ def main(argv=None) -> int:
         args.design = best_variant(searched, problem.objective) or designs[0]
         res = searched[args.design]
     else:
+        if args.bins:  # the full-resolution check's program loads while the search runs
+            prefetch_candidate(clusters[args.design], wl_full, problem, config)
         res = optimize(clusters[args.design], wl, problem, config, progress=progress)
     cluster = clusters[args.design]
     opt_wall = time.perf_counter() - t0
