@@ -12,7 +12,7 @@ from typing import Callable
 
 from splitwise_jax import paper
 from splitwise_jax.cluster import Cluster
-from splitwise_jax.optimize.gradient import optimize
+from splitwise_jax.optimize.gradient import optimize, prefetch
 from splitwise_jax.optimize.problem import OptimizeResult, Problem, SolverConfig
 from splitwise_jax.workload import Workload
 
@@ -62,11 +62,13 @@ def compare_designs(make: Callable[[str], Cluster], designs, workload: Workload,
         workload, problem, config: as for `optimize`. A baseline has no token pool, so
             free token caps apply to Splitwise designs only.
     """
-    out = {}
-    for d in designs:
-        cluster = make(d)
-        p = problem
+    def problem_for(cluster):
         if cluster.kind != "splitwise" and problem.free_caps in ("token", "both"):
-            p = dataclasses.replace(problem, free_caps="prompt" if problem.free_caps == "both" else "none")
-        out[d] = optimize(cluster, workload, p, config, progress=progress)
-    return out
+            return dataclasses.replace(problem, free_caps="prompt" if problem.free_caps == "both" else "none")
+        return problem
+
+    designs = list(designs)
+    clusters = {d: make(d) for d in designs}
+    for d in designs[1:]:  # the others' programs load (or compile) while the first is solved
+        prefetch(clusters[d], workload, problem_for(clusters[d]), config)
+    return {d: optimize(clusters[d], workload, problem_for(clusters[d]), config, progress=progress) for d in designs}

@@ -31,8 +31,8 @@ from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster import Cluster, Resolution
 from splitwise_jax.optimize.integer import binding_constraints, max_rates, repair
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, OptimizeResult, Problem, SolverConfig
-from splitwise_jax.optimize.spec import (CHUNK, RATE_BOUNDS, Spec, SpecInfo, assess, evaluate_points, is_feasible,
-                                         make_spec, physical, progress_bar, unit_cost, unit_power)
+from splitwise_jax.optimize.spec import (CHUNK, RATE_BOUNDS, Spec, SpecInfo, assess, assess_batch, evaluate_points,
+                                         is_feasible, make_spec, physical, progress_bar, unit_cost, unit_power)
 from splitwise_jax.workload import Workload
 
 _ADAM = optax.scale_by_adam(b1=0.8, b2=0.9)
@@ -119,6 +119,35 @@ def _softplus_np(x, temperature):
     return temperature * np.logaddexp(0.0, np.asarray(x) / temperature)
 
 
+def _first_round(u, config: SolverConfig):
+    """The augmented Lagrangian's state before its first round: (u, Adam state,
+    multipliers, penalty), host (numpy) arrays the compiled round takes as they are."""
+    u = np.asarray(u, float)
+    opt_state = optax.ScaleByAdamState(count=np.zeros((), np.int32), mu=np.zeros_like(u), nu=np.zeros_like(u))
+    return u, opt_state, np.zeros(len(CONSTRAINT_NAMES)), config.rho0
+
+
+def _round_args(spec: Spec, config: SolverConfig, u, opt_state, lam, rho, r: int):
+    """`_al_round`'s arguments for round r."""
+    lr = config.learning_rate * config.lr_decay**r
+    return (u, opt_state, lam, np.float64(rho), np.float64(lr), np.float64(config.temperature), spec,
+            config.steps_per_round, config.resolution)
+
+
+def prefetch(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
+             config: SolverConfig = SolverConfig()) -> None:
+    """Start loading (or compiling) the programs `optimize` will run for this problem,
+    in the background (`_exported.cached_jit.prefetch`; nothing without a CLI's cache):
+    `compare_designs` loads every design kind's programs while the first design is
+    solved. A problem `make_spec` rejects is left for `optimize` to reject."""
+    try:
+        spec, _ = make_spec(cluster, workload, problem)
+    except Exception:  # noqa: BLE001 - a prefetch never fails a run
+        return
+    assess_batch.prefetch(np.zeros((CHUNK, 5)), spec, config.resolution, np.int32(1))
+    _al_round.prefetch(*_round_args(spec, config, *_first_round(np.zeros(5), config), 0))
+
+
 def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
              config: SolverConfig = SolverConfig(), *, progress: bool = False) -> OptimizeResult:
     """Optimise pool sizes (and free caps) of a design by gradient, then repair to integers.
@@ -149,32 +178,21 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     spec, info = make_spec(cluster, workload, problem)
     timings = {}
 
-    def first_round(u):
-        # Host (numpy) state between rounds; the compiled round takes it as is.
-        u = np.asarray(u, float)
-        opt_state = optax.ScaleByAdamState(count=np.zeros((), np.int32), mu=np.zeros_like(u), nu=np.zeros_like(u))
-        return u, opt_state, np.zeros(len(CONSTRAINT_NAMES)), config.rho0
-
-    def round_args(u, opt_state, lam, rho, r):
-        lr = config.learning_rate * config.lr_decay**r
-        return (u, opt_state, lam, np.float64(rho), np.float64(lr), np.float64(config.temperature), spec,
-                config.steps_per_round, config.resolution)
-
     # The gradient program is loaded (or compiled) while the start points are searched.
-    _al_round.prefetch(*round_args(*first_round(np.zeros(5)), 0))
+    _al_round.prefetch(*_round_args(spec, config, *_first_round(np.zeros(5), config), 0))
     t0 = time.perf_counter()
     u0, n_evals = _start_points(spec, info, problem, cluster, config)
     timings["start"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    u, opt_state, lam, rho = first_round(u0)
+    u, opt_state, lam, rho = _first_round(u0, config)
     mask = info.mask
     hist_obj, hist_viol = [], []
     prev_viol = np.inf
     total = config.rounds * config.steps_per_round
     with progress_bar(progress, total=total, desc=f"{cluster.name}: gradient", unit="step") as bar:
         for r in range(config.rounds):
-            u, opt_state, _, gs, fs = _al_round(*round_args(u, opt_state, lam, rho, r))
+            u, opt_state, _, gs, fs = _al_round(*_round_args(spec, config, u, opt_state, lam, rho, r))
             gs = np.asarray(gs)
             viols = np.max(np.where(mask > 0, np.maximum(-gs, 0.0), 0.0), axis=1)
             # f is log cost, log power or -log rate: back to the objective's own units.
