@@ -24,10 +24,10 @@ import argparse
 import json
 import sys
 
-import jax
 import numpy as np
 
 from splitwise_jax import _cli, _design_args
+from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster import ClusterMetrics, evaluate
 from splitwise_jax.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES, build_cluster
 from splitwise_jax.workload import workload as load_workload
@@ -35,6 +35,10 @@ from splitwise_jax.workload import workload as load_workload
 STATUS_BITS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
                8: "mixed-pool-active"}
 _PCT = ("p50", "p90", "p99")
+# The command line's evaluate: exported to the cache folder on a first run, so a warm run
+# loads its program instead of tracing the model again (~4 s; `_exported`). The
+# parameter-uncertainty sigma points reuse it.
+_EVALUATE = cached_jit(evaluate, static_argnames=("resolution",))
 
 
 def status_words(code) -> list[str]:
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
         pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
     if not a.no_cache:
         _cli.enable_cache()
-    ev = jax.jit(evaluate)
+    ev = _EVALUATE
     m = ev(cluster, wl, a.horizon)
     d = metrics_to_dict(m)
     d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
