@@ -160,8 +160,13 @@ def _committed(leaves: list) -> list:
     round's outputs (committed), so the same gradient program was compiled twice (two
     2.4 MB executables in the cache: ~19 s more of a cold Fig. 12 `optimize`, ~1.7 s
     more loading in a warm one)."""
-    device = jax.devices()[0]
-    return [x if x.committed else jax.device_put(x, device) for x in leaves]
+    fresh = [i for i, x in enumerate(leaves) if not x.committed]
+    if fresh:  # one device_put for all of them: ~2x faster than one per leaf
+        moved = jax.device_put([leaves[i] for i in fresh], jax.devices()[0])
+        leaves = list(leaves)
+        for i, x in zip(fresh, moved):
+            leaves[i] = x
+    return leaves
 
 
 def _executable(folder: Path, key: str, name: str, fn, static: dict, treedef, leaves, prefetching=False):
