@@ -18,6 +18,9 @@ model predicted for it (a `studies/validate_cluster.py` output, `--runs`). Per r
   and C E[min(Q, c)] / c = C rho (1 - rho^c) / (c (1 - rho)) (M/M/c: the least-loaded
   machine is a random busy one; docs/cluster.md §4).
 
+* the share of prompt-pool prompts that wait for a machine, beside Erlang C at the
+  reference's own busy share, the time-averaged number of prompt-pool machines holding
+  moved decodes, and the model's TTFT P50 / P90 errors;
 * the drafted share by prompt size; the prompt pool's state at arrivals given every
   machine busy (queued prompts per machine, the share with a queue, whether the
   least-loaded machine has one and its pending tokens then): the factors of the
@@ -128,6 +131,19 @@ def queue_state(d: pd.DataFrame, on_p: pd.Series, warmup_s: float = 10.0) -> dic
             "ref_min_pending_gt_3200": m(spt_min[minq] > 3200)}
 
 
+def mixed_machines(d: pd.DataFrame, moved: pd.Series, span: float, points: int = 2000) -> float:
+    """Time-averaged number of prompt-pool machines holding moved decodes (in the mixed
+    pool), sampled at `points` instants over the run: a machine holds one from a moved
+    request's first decode step to its last."""
+    t0 = float(d["arrival_s"].min())
+    ts = t0 + span * (np.arange(points) + 0.5) / points
+    held = np.zeros(points)
+    for _, g in d[moved].groupby("token_machine"):
+        s, e = g["token_start_s"].to_numpy(), g["token_end_s"].to_numpy()
+        held += ((ts[:, None] >= s[None, :]) & (ts[:, None] < e[None, :])).any(axis=1)
+    return float(held.mean())
+
+
 def first_step_wait(d: pd.DataFrame, drafted: pd.Series, moved: pd.Series, n_token: int, span: float) -> dict:
     """Decodes on token-pool machines whose machine runs a drafted prompt when their KV
     cache lands (`ref_draft_at_kv_end`), beside two predictions from the reference's own
@@ -174,6 +190,8 @@ def reference_row(path: Path) -> dict:
         "ref_drafted_median_tokens": float(d["prompt_tokens"][drafted].median()) if drafted.any() else np.nan,
         "ref_draft_time_per_token_machine": draft_time / span / n_t,
         "ref_moved": float(moved.mean()), "ref_machines_hosting_moved": int(d["token_machine"][moved].nunique()),
+        "ref_mixed_prompt_machines": mixed_machines(d, moved, span),
+        "ref_prompt_wait_share": float(((d["prompt_start_s"] - d["arrival_s"]) > 1e-3)[on_p].mean()),
         "ref_token_wait_p90_s": q(tok_wait, 0.9), "ref_token_wait_p99_s": q(tok_wait, 0.99),
         **{f"ref_tbt_{'token' if k else 'prompt'}_p{int(x * 100)}_s": q(d["tbt_s"][moved != k], x)
            for k in (True, False) for x in (0.5, 0.9, 0.99)},
@@ -199,7 +217,7 @@ def main(argv=None) -> int:
     ours = pd.read_csv(runs)
     ours = ours[(ours["mode"] == args.mode) & (ours["source"] == "boundary_runs")]
     keep = ["design", "n_prompt", "n_token", "workload", "rate", "rho_prompt", "mixed_prompt_frac",
-            "mixed_decode_frac"]
+            "mixed_decode_frac", "err_ttft_p50", "err_ttft_p90"]
     ours = ours[keep].astype({"n_prompt": int, "n_token": int}).assign(rate=lambda f: f["rate"].fillna(0.0))
     table = ref.assign(rate=ref["rate"].fillna(0.0)).merge(
         ours, on=["design", "n_prompt", "n_token", "workload", "rate"], how="left")
@@ -222,10 +240,16 @@ def main(argv=None) -> int:
                                                                       for lo, hi in SIZE_BINS] + [
         "ref_all_busy", "ref_nq_share", "ref_queued_share", "ref_min_queued", "ref_min_pending_gt_1200",
         "ref_min_pending_gt_3200", "ref_draft_at_kv_end", "law_first_wait_pasta", "law_first_wait_lag"]
+    waits = ["design", "n_prompt", "n_token", "workload", "rate", "ref_rho_prompt", "rho_prompt",
+             "ref_prompt_wait_share", "erlang_c", "ref_mixed_prompt_machines", "err_ttft_p50", "err_ttft_p90"]
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(table[show].round(4).to_string(index=False))
         print("\nThe drafting law's factors and the token machines' first-step wait (docs/cluster.md §4):")
         print(table[state].round(4).to_string(index=False))
+        print("\nWho waits for a prompt machine: the reference's share of prompt-pool prompts that wait, against "
+              "Erlang C at its own busy share, with its mixed prompt machines and our TTFT errors "
+              "(docs/cluster.md §4):")
+        print(table[waits].round(3).to_string(index=False))
     print(f"wrote {out / 'drafting_check.csv'}")
     return 0
 

@@ -172,6 +172,11 @@ def test_drafting_check_reads_the_reference_as_its_readme_says():
     # sends overflowing decodes to drafted machines (docs/cluster.md §4).
     assert 0.10 < row["ref_draft_at_kv_end"] < 0.13
     assert row["law_first_wait_lag"] < row["ref_draft_at_kv_end"] < row["law_first_wait_pasta"]
+    # 48 % of its prompt-pool prompts wait for a machine, 1.6x Erlang C at its busy share
+    # (0.30), with 2.8 prompt machines holding moved decodes on average (measured
+    # 2026-12-02; docs/cluster.md §4, "Who waits for a prompt machine").
+    assert row["ref_prompt_wait_share"] == pytest.approx(0.48, abs=0.01)
+    assert row["ref_mixed_prompt_machines"] == pytest.approx(2.77, abs=0.05)
 
 
 def test_first_step_wait_counts_a_draft_running_at_the_kv_end():
@@ -188,3 +193,13 @@ def test_first_step_wait_counts_a_draft_running_at_the_kv_end():
     assert out["ref_draft_at_kv_end"] == pytest.approx(0.5)
     assert out["law_first_wait_pasta"] == pytest.approx(0.2)
     assert out["law_first_wait_lag"] == pytest.approx(0.175)
+
+
+def test_mixed_machines_is_the_time_average_of_machines_holding_moved_decodes():
+    """Machine P_0 holds a moved decode over [0, 5) s and P_1 over [2.5, 5) s of a 10 s
+    run: on average 0.5 + 0.25 = 0.75 machines; a decode on a token machine is not moved."""
+    dc = _drafting_check()
+    d = pd.DataFrame({"arrival_s": [0.0, 0.0, 1.0], "token_machine": ["P_0", "P_1", "T_0"],
+                      "token_start_s": [0.0, 2.5, 1.0], "token_end_s": [5.0, 5.0, 9.0]})
+    moved = pd.Series([True, True, False])
+    assert dc.mixed_machines(d, moved, span=10.0) == pytest.approx(0.75, abs=1e-3)
