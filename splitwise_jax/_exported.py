@@ -27,6 +27,7 @@ own program in flight.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import inspect
@@ -141,6 +142,7 @@ def cached_jit(fn=None, *, static_argnames: tuple[str, ...] = ()):
                 with _lock:
                     _pending.pop(key).set()
 
+        _wait_at_exit()
         threading.Thread(target=work, name=f"prefetch {name}", daemon=True).start()
 
     call.jitted = jitted
@@ -148,6 +150,22 @@ def cached_jit(fn=None, *, static_argnames: tuple[str, ...] = ()):
     # programs built or loaded so far, as `jax.jit`'s own _cache_size() counts them
     call._cache_size = lambda: jitted._cache_size() + len(keys)
     return call
+
+
+@functools.lru_cache(maxsize=1)
+def _wait_at_exit() -> None:
+    """Registered once, at the first prefetch: at interpreter exit, wait for the
+    prefetches still building (a run that ends before calling a program it prefetched,
+    e.g. an infeasible problem whose answer is never checked), so that no compilation
+    is cut off while JAX shuts its backend down (JAX's own exit handlers, registered
+    earlier, run after this one)."""
+    def wait():
+        with _lock:
+            pending = list(_pending.values())
+        for event in pending:
+            event.wait()
+
+    atexit.register(wait)
 
 
 def _committed(leaves: list) -> list:
