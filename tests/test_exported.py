@@ -151,3 +151,35 @@ def test_without_a_cache_folder_prefetch_does_nothing(cache_dir, monkeypatch):
     monkeypatch.setattr(E, "_folder", lambda: None)
     E.cached_jit(_model, static_argnames=("steps",)).prefetch(jnp.ones(5), _args()[1], 2)
     assert not E._pending and not E._executables
+
+
+_OTHER_DEVICE = """
+import json, tempfile
+import jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp())
+from splitwise_jax import _exported as E
+f = E.cached_jit(lambda x, k: x * k + 1.0)
+x = jax.device_put(jnp.arange(3.0), jax.devices()[1])  # committed to the second device
+out = f(x, 2.0)
+again = f(jax.device_put(jnp.arange(3.0), jax.devices()[0]), 2.0)
+print(json.dumps({"devices": jax.device_count(), "out": out.tolist(), "again": again.tolist(),
+                  "programs": len(E._executables)}))
+"""
+
+
+def test_an_input_committed_to_another_device_gets_the_same_answer_and_program():
+    """Programs are compiled for the default device; an input committed to another one
+    (two CPU devices, in a subprocess: the device count is fixed when JAX starts) gets
+    the same answer from the same program (the optimiser's inputs are on one device, but
+    a caller's may not be)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"),
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _OTHER_DEVICE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"devices": 2, "out": [1.0, 3.0, 5.0], "again": [1.0, 3.0, 5.0], "programs": 1}
