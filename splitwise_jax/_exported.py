@@ -41,7 +41,6 @@ import jax.numpy as jnp
 
 _FOLDER = "exported"
 _lock = threading.Lock()
-_loaded: dict[str, tuple] = {}
 _executables: dict[str, tuple] = {}
 _pending: dict[str, threading.Event] = {}
 
@@ -195,15 +194,13 @@ def _executable(folder: Path, key: str, name: str, fn, static: dict, treedef, le
     """The compiled program for `key` (`jax.jit(exported.call)`, compiled ahead of time
     for these inputs' shapes and placement) and its output structure: remembered, or
     waited for while a prefetch builds it, or built now."""
-    while True:
-        with _lock:
-            if key in _executables:
-                return _executables[key]
-            pending = None if prefetching else _pending.get(key)
-        if pending is None:
-            break
-        pending.wait()  # a prefetch is building it; if it failed, build it here
-        prefetching = True  # the prefetch is over: do not wait for it again
+    with _lock:
+        pending = None if prefetching else _pending.get(key)
+    if pending is not None:
+        pending.wait()  # a prefetch is building it; if it failed, it is built here
+    with _lock:
+        if key in _executables:
+            return _executables[key]
     exp, out_tree = _program(folder, key, name, fn, static, treedef, leaves)
     compiled = jax.jit(exp.call).lower(*leaves).compile()
     with _lock:
@@ -212,9 +209,8 @@ def _executable(folder: Path, key: str, name: str, fn, static: dict, treedef, le
 
 
 def _program(folder: Path, key: str, name: str, fn, static: dict, treedef, leaves):
-    with _lock:
-        if key in _loaded:
-            return _loaded[key]
+    """The exported program for `key` and its output structure: read from the folder,
+    or traced, exported and written there."""
     path = folder / f"{name.rsplit('.', 1)[-1]}-{key}.jaxexport"
     if path.exists():
         blob, out_tree = pickle.loads(path.read_bytes())
@@ -233,6 +229,4 @@ def _program(folder: Path, key: str, name: str, fn, static: dict, treedef, leave
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(pickle.dumps((exp.serialize(), out_trees[-1])))
         tmp.replace(path)  # atomic: a concurrent reader sees all of it or none
-    with _lock:
-        _loaded[key] = loaded
     return loaded

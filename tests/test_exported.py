@@ -31,7 +31,6 @@ def cache_dir(tmp_path, monkeypatch):
     """A fresh compilation-cache folder for the test, and no programs remembered."""
     old = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path))
-    monkeypatch.setattr(E, "_loaded", {})
     monkeypatch.setattr(E, "_executables", {})
     monkeypatch.setattr(E, "_pending", {})
     yield tmp_path
@@ -53,7 +52,6 @@ def test_same_results_as_jit_and_no_tracing_once_exported(cache_dir, monkeypatch
     np.testing.assert_allclose(got.total, want.total, rtol=0, atol=0)
     assert len(list((cache_dir / "exported").glob("*.jaxexport"))) == 1
     # A new process: nothing remembered, the program comes from disk; Python does not trace.
-    monkeypatch.setattr(E, "_loaded", {})
     monkeypatch.setattr(E, "_executables", {})
     TRACES.clear()
     again = E.cached_jit(_model, static_argnames=("steps",))(x * 0.5, p, 3)
