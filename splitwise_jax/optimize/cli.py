@@ -24,10 +24,10 @@ from splitwise_jax.optimize.compare import compare_designs, headline_ratios, pro
 from splitwise_jax.optimize.confidence import check_confidence
 from splitwise_jax.optimize.pareto import parse_objectives
 from splitwise_jax.optimize.gradient import optimize
-from splitwise_jax.optimize.integer import evaluate_candidate, full_resolution_step_up, grid_search, prefetch_candidate
+from splitwise_jax.optimize.integer import evaluate_candidate, full_resolution_step_up, grid_search
 from splitwise_jax.optimize.problem import FREE_CAPS, OBJECTIVES, Problem, SolverConfig
 from splitwise_jax.optimize.report import _label, _print_compare, _print_result, _result_dict, plot_compare, plot_plane
-from splitwise_jax.optimize.spec import free_flags, make_spec
+from splitwise_jax.optimize.spec import free_flags, make_spec, prefetch_batch
 
 _SLO_HELP = "9 comma-separated numbers (TTFT, TBT, E2E x P50, P90, P99), each a finite slowdown limit > 0"
 
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
         res = searched[args.design]
     else:
         if args.bins:  # the full-resolution check's program loads while the search runs
-            prefetch_candidate(clusters[args.design], wl_full, problem, config)
+            prefetch_batch(clusters[args.design], wl_full, problem, config.resolution)
         res = optimize(clusters[args.design], wl, problem, config, progress=progress)
     cluster = clusters[args.design]
     opt_wall = time.perf_counter() - t0

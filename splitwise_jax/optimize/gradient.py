@@ -31,8 +31,8 @@ from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster import Cluster, Resolution
 from splitwise_jax.optimize.integer import binding_constraints, max_rates, repair
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, OptimizeResult, Problem, SolverConfig
-from splitwise_jax.optimize.spec import (CHUNK, RATE_BOUNDS, Spec, SpecInfo, assess, assess_batch, evaluate_points,
-                                         is_feasible, make_spec, physical, progress_bar, unit_cost, unit_power)
+from splitwise_jax.optimize.spec import (CHUNK, RATE_BOUNDS, Spec, SpecInfo, assess, evaluate_points, is_feasible,
+                                         make_spec, physical, prefetch_batch, progress_bar, unit_cost, unit_power)
 from splitwise_jax.workload import Workload
 
 _ADAM = optax.scale_by_adam(b1=0.8, b2=0.9)
@@ -140,12 +140,9 @@ def prefetch(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     in the background (`_exported.cached_jit.prefetch`; nothing without a CLI's cache):
     `compare_designs` loads every design kind's programs while the first design is
     solved. A problem `make_spec` rejects is left for `optimize` to reject."""
-    try:
-        spec, _ = make_spec(cluster, workload, problem)
-    except Exception:  # noqa: BLE001 - a prefetch never fails a run
-        return
-    assess_batch.prefetch(np.zeros((CHUNK, 5)), spec, config.resolution, np.int32(1))
-    _al_round.prefetch(*_round_args(spec, config, *_first_round(np.zeros(5), config), 0))
+    spec = prefetch_batch(cluster, workload, problem, config.resolution)
+    if spec is not None:
+        _al_round.prefetch(*_round_args(spec, config, *_first_round(np.zeros(5), config), 0))
 
 
 def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),

@@ -28,8 +28,8 @@ import numpy as np
 from splitwise_jax.cluster import Cluster, Resolution
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Candidate, GridResult, Problem, SolverConfig
 from splitwise_jax.optimize.search import search_boundary
-from splitwise_jax.optimize.spec import (CHUNK, FEAS_TOL, RATE_BOUNDS, Spec, SpecInfo, assess_batch, evaluate_points,
-                                         is_feasible, make_spec, progress_bar, unit_cost)
+from splitwise_jax.optimize.spec import (FEAS_TOL, RATE_BOUNDS, Spec, SpecInfo, evaluate_points, is_feasible,
+                                         make_spec, progress_bar, unit_cost)
 from splitwise_jax.workload import Workload
 
 def candidates(phys, g, cost, power, objective, metrics=None) -> list[Candidate]:
@@ -295,18 +295,6 @@ def same_answer(a: Candidate | None, b: Candidate | None, objective: str, rate_t
     if objective == "throughput":
         return abs(a.objective - b.objective) <= rate_tol * max(a.objective, b.objective)
     return abs(a.objective - b.objective) <= 1e-9 * max(abs(a.objective), 1.0)
-
-
-def prefetch_candidate(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
-                       config: SolverConfig = SolverConfig()) -> None:
-    """Start building (or loading) the program `evaluate_candidate` will run on
-    `workload`, in the background (`_exported.cached_jit.prefetch`): a CLI that checks
-    its answer at full resolution loads that program while the search runs."""
-    try:
-        spec, _ = make_spec(cluster, workload, problem)
-    except Exception:  # noqa: BLE001 - a prefetch never fails a run; evaluate_candidate raises it
-        return
-    assess_batch.prefetch(np.zeros((CHUNK, 5)), spec, config.resolution, np.int32(1))
 
 
 def evaluate_candidate(cluster: Cluster, workload: Workload, candidate: Candidate, problem: Problem = Problem(),

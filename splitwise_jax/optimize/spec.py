@@ -226,6 +226,19 @@ def _skipped(p):
     return m, jnp.zeros(len(CONSTRAINT_NAMES), p.dtype), z
 
 
+def prefetch_batch(cluster, workload, problem, resolution: Resolution):
+    """Start building (or loading) `assess_batch`'s program for this problem in the
+    background (`_exported.cached_jit.prefetch`; nothing without a CLI's cache), and
+    return the problem's `Spec`, or None where `make_spec` rejects the problem (left for
+    the run itself to reject: a prefetch never fails a run)."""
+    try:
+        spec, _ = make_spec(cluster, workload, problem)
+    except Exception:  # noqa: BLE001
+        return None
+    assess_batch.prefetch(np.zeros((CHUNK, 5)), spec, resolution, np.int32(1))
+    return spec
+
+
 def progress_bar(progress, **kw):
     from tqdm.auto import tqdm
 
