@@ -293,6 +293,9 @@ def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling
 
 # Steps of the bracketing root search in `_fixed_point_01` (after its two end points).
 _ROOT_STEPS = 22
+# Drafts per token machine over the window at which the token pool has drained into the
+# mixed pool with probability 1 - 1/e (`_splitwise_flows`, step 2b).
+_DRAIN_DRAFTS = 6.0
 
 
 def _fixed_point_01(h):
@@ -447,13 +450,13 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
             scv = jnp.maximum(jnp.dot(w_d, t_alone**2) / jnp.sum(w_d) / e_s**2 - 1.0, 0.0)
             wm_t = wait_model(lam * x_tot, e_s, scv, n_dd, ca2, horizon_s)
             full = wm_t.p_wait * _queue_share(wm_t, e_s)
-            return want * (1.0 - full) * has_t, (wm, jnp.dot(cls.wp, want) * full)
+            return want * (1.0 - full) * has_t, (wm, jnp.dot(cls.wp, want) * full, full)
 
         x = _fixed_point_01(lambda u: jnp.dot(cls.wp, drafted(u)[0]))
-        x_cls, (wm, devolved) = drafted(x)
-        return x, x_cls, wm, devolved
+        x_cls, (wm, devolved, full) = drafted(x)
+        return x, x_cls, wm, devolved, full
 
-    x_tot, x_k, wm_p0, _ = drafting(n_p, n_t)
+    x_tot, x_k, wm_p0, _, _ = drafting(n_p, n_t)
     w_t = (cls.wp * x_k + 1e-12 * cls.wp) / (x_tot + 1e-12)
     w_p = (cls.wp * (1.0 - x_k) + 1e-12 * cls.wp) / (1.0 - x_tot + 1e-12)
 
@@ -474,6 +477,30 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     capacity = n_t * cap_tok_T
     f_km, carried = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
     f_km = f_km * (n_p / (n_p + 1e-3))
+    f = jnp.sum(cls.w * f_km)
+
+    # 2b. The mixed pool's size (docs/cluster.md §4, "The mixed pool"). A prompt machine
+    #    that takes an overflowing decode leaves the prompt pool until it is idle again.
+    #    Least-memory routing spreads later overflow over every mixed machine, so few
+    #    ever empty: their number ratchets up to what the peak overflow needed, the
+    #    reservations' peak over the horizon, mean plus sd sqrt(2 ln(1 + T / tau)) (tau
+    #    the memory-weighted sojourn, the shot noise's correlation time), less the token
+    #    pool's memory. At most 4/5 of the prompt pool, so that some is left to draft from.
+    tau = lam * jnp.sum(cls.w * m_tok * sojourn**2) / jnp.maximum(demand, 1e-30)
+    z_peak = jnp.sqrt(2.0 * jnp.log1p(horizon_s / jnp.maximum(tau, 1e-3)))
+    peak = demand + z_peak * jnp.sqrt(var + 1e-12 * capacity**2)
+    n_mixed = softplus(peak - capacity, 0.05 * cap_tok_P) / cap_tok_P
+    n_mixed = 0.8 * n_p * smooth_min_one(n_mixed / (0.8 * jnp.maximum(n_p, 1e-6)))
+    #    The drained token pool (docs/cluster.md §4, "The cascade"). A token machine that
+    #    takes a draft leaves the token pool until it is idle, which under load it seldom
+    #    is; once every token machine has, each new request's decode goes to the mixed
+    #    machine with the least memory, prompt machines converted earlier included, so
+    #    decodes spread over the n_mixed + N_t machines by memory whatever the overflow
+    #    law says. The chance the pool has drained grows with the drafts per token
+    #    machine over the window, z = lambda X T / N_t, as 1 - exp(-z / 6) (the constant
+    #    read off the reference's per-request records of five boundary runs).
+    drained = -jnp.expm1(-lam * x_tot * horizon_s / jnp.maximum(n_t, 1e-6) / _DRAIN_DRAFTS)
+    f_km = f_km + (1.0 - f_km) * drained * n_mixed / jnp.maximum(n_mixed + n_t, 1e-6)
     f = jnp.sum(cls.w * f_km)
 
     # 3. The pools with their final flows; each pool decodes its own mix of requests
@@ -500,20 +527,9 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     wm_t = wait_model(lam * x_tot, st_t.mean_prompt_s, st_t.scv_prompt, n_t, ca2, horizon_s)
     kv = _transfer_s(cluster, cls.p, st_p.prompt_s)
 
-    # 4. The mixed pool (docs/cluster.md §4, "The mixed pool"). A prompt machine that
-    #    takes an overflowing decode leaves the prompt pool until it is idle again, and
-    #    gets prompts only when the prompt pool drafts (its least-loaded machine past the
-    #    threshold), before any token machine is converted. Least-memory routing spreads later overflow
-    #    over every mixed machine, so few ever empty: their number ratchets up to what
-    #    the peak overflow needed, the reservations' peak over the horizon, mean plus
-    #    sd sqrt(2 ln(1 + T / tau)) (tau the memory-weighted sojourn, the shot noise's
-    #    correlation time), less the token pool's memory. At most 4/5 of the prompt
-    #    pool, so that some is left to draft from.
-    tau = lam * jnp.sum(cls.w * m_tok * sojourn**2) / jnp.maximum(demand, 1e-30)
-    z_peak = jnp.sqrt(2.0 * jnp.log1p(horizon_s / jnp.maximum(tau, 1e-3)))
-    peak = demand + z_peak * jnp.sqrt(var + 1e-12 * capacity**2)
-    n_mixed = softplus(peak - capacity, 0.05 * cap_tok_P) / cap_tok_P
-    n_mixed = 0.8 * n_p * smooth_min_one(n_mixed / (0.8 * jnp.maximum(n_p, 1e-6)))
+    # 4. The mixed pool's prompts (docs/cluster.md §4, "The mixed pool"). Its machines
+    #    get prompts only when the prompt pool drafts (its least-loaded machine past the
+    #    threshold), before any token machine is converted.
     #    The rest of the prompt pool drafts onto the mixed and token machines; a mixed
     #    machine's prompt rate relative to a prompt machine's, d (at least one machine
     #    holds the moved decodes; a machine is never more than fully busy), scales the
@@ -521,12 +537,11 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     #    machine to draft onto queued too (`devolved`) runs on the least-loaded machine
     #    of all, a mixed one as likely as any (d = 1 for it).
     n_free = n_p - n_mixed
-    x_m, x_mk, _, devolved = drafting(n_free, n_mixed + n_t)
+    x_m, x_mk, _, devolved, full_m = drafting(n_free, n_mixed + n_t)
     d = (x_m / jnp.maximum(n_mixed, 1.0)) / jnp.maximum((1.0 - x_m) / n_free, 1e-9)
     d = d + devolved * (1.0 - d)
     d = smooth_min_pos(d, 1.0 / jnp.maximum(smooth_min_one(st_p.rho_prompt), 1e-3), 8.0)
     events_m = d * st_p.events_per_step
-    st_m = st_p._replace(events_per_step=events_m, step_s=st_p.decode_s + events_m * st_p.interf_mean_s)
     #    The prompt pool's own queue runs on its free machines: the prompts neither
     #    drafted from them (X_m) nor devolved to a mixed or token machine.
     away = x_m + devolved * (n_mixed + n_t) / (n_p + n_t)
@@ -547,6 +562,30 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     e_m, e2_m, e3_m = jnp.dot(w_dm, st_p0.prompt_s), jnp.dot(w_dm, st_p0.prompt_s**2), jnp.dot(w_dm, st_p0.prompt_s**3)
     to_mixed = n_mixed / jnp.maximum(n_t + n_mixed, 1e-6)
     busy_m = lam * (x_tot * to_mixed + devolved * n_mixed / (n_p + n_t)) * e_m / jnp.maximum(n_mixed, 1.0)
+    #    What a moved decode sits through (docs/cluster.md §4, "Which prompts a moved
+    #    decode sits through"). A mixed machine runs the drafted prompts (the large
+    #    ones, at the rate above) and the devolved requests (any size); a moved decode
+    #    loses that busy share of its time, in events the size of those prompts (too
+    #    large to ride along: waited out), so large and rare, not the prompt pool's
+    #    many small ones. Where the pools are full (every prompt machine queued, share
+    #    full_p, or every machine to draft onto queued, full_m) the mixed machines run
+    #    the prompt pool's queue like any of its machines, and their decodes lose what d
+    #    times a prompt machine's interference takes: the two blend by
+    #    1 - (1 - full_p)(1 - full_m).
+    r_draft = jnp.maximum(lam * x_tot * to_mixed / jnp.maximum(n_mixed, 1.0), 0.0)
+    r_dev = jnp.maximum(lam * devolved / (n_p + n_t), 0.0)
+    w_mix = r_draft * w_dm + r_dev * cls.wp + 1e-12 * cls.wp
+    ex_m = jnp.dot(w_mix, st_p0.prompt_s) / jnp.sum(w_mix)
+    var_m = jnp.maximum(jnp.dot(w_mix, st_p0.prompt_s**2) / jnp.sum(w_mix) - ex_m**2, 0.0)
+    lost_full = events_m * st_p.interf_mean_s
+    frac_full = lost_full / (st_p.decode_s + lost_full)
+    full_p = wm_p.p_wait * _queue_share(wm_p, st_p.mean_prompt_s)
+    w_full = 1.0 - (1.0 - full_p) * (1.0 - full_m)
+    frac_m = smooth_min_one((r_draft + r_dev) * ex_m)
+    frac_m = frac_m + w_full * (frac_full - frac_m)
+    ev_m = interruptions_per_step(frac_m, st_p.decode_s, ex_m)
+    st_m = st_p._replace(events_per_step=ev_m, step_s=st_p.decode_s + ev_m * ex_m,
+                         interf_mean_s=ex_m, interf_var_s2=var_m)
     decode_routes = (DecodeRoute(st_t, 1.0 - f_km, kv, 0.5 * st_t.decode_s),
                      DecodeRoute(st_m, f_km, kv, 0.5 * st_m.decode_s,
                                  first_busy=busy_m, first_wait_s=e2_m / (2.0 * e_m), first_wait_s2=e3_m / (3.0 * e_m)))
