@@ -131,13 +131,28 @@ _GROUPS = {
 }
 
 
-def _group(nodeid: str):
-    return next((g for prefix, g in _GROUPS.items() if nodeid.startswith(prefix)), None)
+# Module fixtures that take 8-30 s to build (a vmapped grid, the validation runs): pytest
+# builds a module fixture once per worker, so the tests that use one run on one worker
+# too. Measured (`--durations`, 2026-12-02): `sim_table_validation` was built on both
+# workers (setup 27 and 17 s), the cluster `grid` too (17 and 15 s).
+_FIXTURE_GROUPS = {
+    ("tests/test_cluster.py", "sim_table_validation"): "validation-runs",
+    ("tests/test_cluster.py", "grid"): "cluster-grid",
+    ("tests/test_evaluate_numerics.py", "float32_run"): "float32-run",
+    ("tests/test_evaluate_numerics.py", "grad_case"): "grad-case",
+    ("tests/test_chunked.py", "grid"): "chunked-grid",
+}
+
+
+def _group(nodeid: str, fixtures=()):
+    module = nodeid.split("::", 1)[0]
+    by_fixture = (g for (mod, fx), g in _FIXTURE_GROUPS.items() if mod == module and fx in fixtures)
+    return next(by_fixture, None) or next((g for prefix, g in _GROUPS.items() if nodeid.startswith(prefix)), None)
 
 
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
-        group = _group(item.nodeid)
+        group = _group(item.nodeid, getattr(item, "fixturenames", ()))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

@@ -78,6 +78,27 @@ def test_throughput_optimum_matches_grid_under_power_budget(wl):
     assert b.rate_per_s > 0.5
 
 
+def test_repair_from_past_the_budget_finds_the_grid_answer(wl):
+    """A throughput problem's relaxation can stop past its budget (Splitwise-AA at
+    iso-cost on the full workload: 58.6 + 35.6 machines against a budget of 86, every
+    cell of the box around it over budget, so the repair found none). Its pools are
+    scaled onto the budget before the box is built: from the far corner of the pool
+    bounds (11 + 11 machines, a budget of 12; the box of +-3 around it holds no cell the
+    budget allows) the repair still reaches the grid's answer."""
+    from splitwise_jax.optimize.integer import repair, unit_cost
+    from splitwise_jax.optimize.spec import make_spec
+    cluster = make_cluster("splitwise-aa", 1, 1)
+    problem = O.Problem("throughput", cost_budget_per_h=12.0 * unit_cost(cluster)[0], max_machines=MAX)
+    grid = O.grid_search(cluster, wl, problem, CONFIG)
+    g = grid.best
+    spec, info = make_spec(cluster, wl, problem)
+    assert (info.hi_p, info.hi_t) == (11, 11)  # each pool alone within the budget, with one machine of the other
+    far = np.array([info.hi_p, info.hi_t, g.prompt_cap_frac, g.token_cap_frac, g.rate_per_s], float)
+    best, _ = repair(cluster, spec, info, problem, CONFIG, far, progress=False)
+    assert best is not None
+    assert O.same_answer(best, g, "throughput"), (best[:7], g[:7])
+
+
 def test_baseline_cost_optimum_matches_grid(wl):
     cluster = make_cluster("baseline-h100", 1)
     res, grid = _check_match(cluster, wl, O.Problem("cost", max_machines=3 * MAX))

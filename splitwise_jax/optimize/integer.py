@@ -162,7 +162,20 @@ def _neighbourhood(info, spec, problem, center, config):
 
 
 def repair(cluster, spec, info, problem, config, phys_c, progress):
-    """Best feasible integer cell near the continuous answer, re-centred up to 4 times."""
+    """Best feasible integer cell near the continuous answer, re-centred up to 4 times.
+
+    A throughput problem's continuous answer can end past its budget (the relaxation
+    stopped infeasible); its pools are then scaled down together onto the budget first,
+    so that the box holds cells the budget allows (else the repair found none: Splitwise-AA
+    at iso-cost, 58.6 + 35.6 machines against a budget of 86)."""
+    if problem.objective == "throughput":
+        cost, power = _spend(cluster, np.asarray([phys_c[:4]], float))
+        scale = 1.0
+        if problem.cost_budget_per_h is not None:
+            scale = min(scale, problem.cost_budget_per_h / max(float(cost[0]), 1e-9))
+        if problem.power_budget_kw is not None:
+            scale = min(scale, problem.power_budget_kw / max(float(power[0]), 1e-9))
+        phys_c = np.concatenate([np.asarray(phys_c[:2], float) * scale, np.asarray(phys_c[2:], float)])
     center = (int(np.clip(round(phys_c[0]), 1, info.hi_p)),
               int(np.clip(round(phys_c[1]), 1, max(info.hi_t, 1))) if info.splitwise else 0,
               float(phys_c[2]), float(phys_c[3]))
