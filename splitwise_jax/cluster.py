@@ -568,10 +568,11 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     #    loses that busy share of its time, in events the size of those prompts (too
     #    large to ride along: waited out), so large and rare, not the prompt pool's
     #    many small ones. Where the pools are full (every prompt machine queued, share
-    #    full_p, or every machine to draft onto queued, full_m) the mixed machines run
-    #    the prompt pool's queue like any of its machines, and their decodes lose what d
-    #    times a prompt machine's interference takes: the two blend by
-    #    1 - (1 - full_p)(1 - full_m).
+    #    full_p; every machine to draft onto queued, full_m; or the whole cluster
+    #    saturated with prompts, full_all: Erlang C times the queue share at rate lambda
+    #    on all N_p + N_t machines) the mixed machines run the prompt pool's queue like
+    #    any of its machines, and their decodes lose what d times a prompt machine's
+    #    interference takes: the two blend by 1 - (1 - full_p)(1 - full_m)(1 - full_all).
     r_draft = jnp.maximum(lam * x_tot * to_mixed / jnp.maximum(n_mixed, 1.0), 0.0)
     r_dev = jnp.maximum(lam * devolved / (n_p + n_t), 0.0)
     w_mix = r_draft * w_dm + r_dev * cls.wp + 1e-12 * cls.wp
@@ -580,7 +581,10 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     lost_full = events_m * st_p.interf_mean_s
     frac_full = lost_full / (st_p.decode_s + lost_full)
     full_p = wm_p.p_wait * _queue_share(wm_p, st_p.mean_prompt_s)
-    w_full = 1.0 - (1.0 - full_p) * (1.0 - full_m)
+    e_all = (n_p + n_t) / (n_p / st_p0.mean_prompt_s + n_t / jnp.dot(cls.wp, t_alone))
+    wm_all = wait_model(lam, e_all, st_p0.scv_prompt, n_p + n_t, ca2, horizon_s)
+    full_all = wm_all.p_wait * _queue_share(wm_all, e_all)
+    w_full = 1.0 - (1.0 - full_p) * (1.0 - full_m) * (1.0 - full_all)
     frac_m = smooth_min_one((r_draft + r_dev) * ex_m)
     frac_m = frac_m + w_full * (frac_full - frac_m)
     ev_m = interruptions_per_step(frac_m, st_p.decode_s, ex_m)
