@@ -43,13 +43,13 @@ def _all_finite(m: ClusterMetrics) -> bool:
     return all(bool(jnp.all(jnp.isfinite(jnp.asarray(leaf, float)))) for leaf in m)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hh():
     """Splitwise-HH with the calibrated phase model: the design to differentiate."""
     return make_cluster("splitwise-hh", 30.0, 10.0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def coding():
     return workload("coding", 50.0)
 
@@ -58,7 +58,7 @@ def coding():
 # Accuracy against the reference simulator (GitHub issue 4)
 # ---------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sim_table_validation():
     vc = _study()
     # Poisson runs of both reference files; the four real-arrival replays compile one
@@ -189,7 +189,7 @@ def _grid(cluster, wl, n_prompt, n_token, rates):
 _grid_jit = jax.jit(_grid)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def grid(hh, coding):
     return _grid_jit(hh, coding, jnp.asarray(N_PROMPT), jnp.asarray(N_TOKEN), jnp.asarray(RATES))
 

@@ -67,7 +67,7 @@ def _env() -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def float32_run() -> dict:
     return _run(x64=False)
 
