@@ -20,10 +20,28 @@ import argparse
 import contextlib
 import math
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
 import jax
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (interpreter start, imports included), read
+    from Linux's /proc; elsewhere (or if /proc cannot be read) since this module was
+    imported, which is after JAX's own import."""
+    try:
+        with open("/proc/self/stat") as fh:
+            started = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(uptime - started / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
 
 
 def float64() -> None:

@@ -66,15 +66,18 @@ class Resolution:
             (docs/speed.md §2), and the TBT search 1.7x, the E2E search 1.17x faster
             (SIMD width; the E2E one is bound by its table lookups).
         search_components: a mixture with a wait table and more than twice
-            max(search_components, C / 8) components is searched on a stand-in: that
+            max(search_components, C / 64) components is searched on a stand-in: that
             many of its heaviest components as they are and the rest binned by location
-            (`_stand_in`, 64 bins per route); the stand-in's root is then bracketed
-            narrowly on the whole mixture (`quantiles.rebracket`, which widens where it
-            must) and refined on it (`quantiles.refine`), so the answer is the whole
-            mixture's root. None searches the whole mixture. E2E solve on Splitwise-HH
-            26+6, coding at 70 req/s (17,920 components): 11.0 -> 6.7 ms with the
-            heaviest alone, weights renormalised (docs/speed.md §2 item 8); 8.5 -> 6.6
-            ms with the stand-in (item 9).
+            (`_stand_in`, 64 bins per route). From the stand-in's root, two Newton steps
+            on the whole mixture in the search's precision and one in the inputs'; where
+            a step ran long (> 1e-3 in log t) or F was flat, the whole mixture's root is
+            bracketed narrowly around the stand-in's (`quantiles.rebracket`, which widens
+            where it must) and refined (`quantiles.refine`) instead. Either way the
+            answer is the whole mixture's root. None searches the whole mixture. E2E
+            solve on Splitwise-HH 26+6, coding at 70 req/s (17,920 components): 11.0 ->
+            6.7 ms with the heaviest alone, weights renormalised (docs/speed.md §2 item
+            8); 8.5 -> 6.6 ms with the stand-in (item 9); ~4.5 -> ~3.3 ms with the
+            Newton steps first and 2,048 kept (item 10).
     """
 
     window_points: int = 8
@@ -84,7 +87,7 @@ class Resolution:
     refine_iters: int = 3
     lookup_points: int = 4096
     search_dtype: str | None = "float32"
-    search_components: int | None = 4096
+    search_components: int | None = 2048
 
 
 class BusyTable(NamedTuple):
@@ -319,25 +322,31 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     width = jnp.maximum(hi - lo, 1e-6) / bins
     b = jnp.clip(((log_loc - lo) / width).astype(jnp.int32), 0, bins - 1)
     seg = (p.route // n_table) * bins + b
-    n_seg = (p.values.shape[0] // n_table) * bins
-    total = lambda x: jax.ops.segment_sum(x, seg, n_seg)  # noqa: E731
-    w_atom = total(jnp.where(keep | ~live, 0.0, p.w_atom))
-    w_busy = total(jnp.where(keep | ~live, 0.0, p.w_busy))
+    n_routes = p.values.shape[0] // n_table
+    n_seg = n_routes * bins
+    # One scatter of six columns (six scatters of one cost ~5x as much on CPU): the
+    # no-wait and wait weights, the weight for the means, and the weighted location,
+    # second moment and scale.
+    w_atom = jnp.where(keep | ~live, 0.0, p.w_atom)
+    w_busy = jnp.where(keep | ~live, 0.0, p.w_busy)
+    sd_t = _LOGISTIC / jnp.where(live, p.slope, 1.0)
+    cols = jnp.stack([w_atom, w_busy, w, jnp.where(live, w * loc, 0.0), jnp.where(live, w * (sd_t**2 + loc**2), 0.0),
+                      jnp.where(live, w * p.scale, 0.0)], axis=-1)
+    sums = jax.ops.segment_sum(cols, seg, n_seg)
+    w_atom, w_busy, w_tot = sums[:, 0], sums[:, 1], sums[:, 2]
     # Bins with (next to) no weight sit at their centre; the means use the same weights
     # as their totals (float32: weights below ~1e-38 are denormal or zero).
-    w_tot = total(w)
     has = w_tot > 1e-20
-    mean = lambda x: total(jnp.where(live, w * x, 0.0)) / jnp.where(has, w_tot, 1.0)  # noqa: E731
+    safe = jnp.where(has, w_tot, 1.0)
     centre = jnp.exp(lo + width * (jnp.arange(n_seg) % bins + 0.5))
-    loc_b = jnp.where(has, jnp.clip(mean(loc), jnp.exp(lo), jnp.exp(hi)), centre)
-    sd_t = _LOGISTIC / jnp.where(live, p.slope, 1.0)
-    var_b = jnp.where(has, mean(sd_t**2 + loc**2) - loc_b**2, 0.0)
+    loc_b = jnp.where(has, jnp.clip(sums[:, 3] / safe, jnp.exp(lo), jnp.exp(hi)), centre)
+    var_b = jnp.where(has, sums[:, 4] / safe - loc_b**2, 0.0)
     sd_b = jnp.sqrt(jnp.maximum(var_b, (1e-3 * loc_b) ** 2))
     slope_b = _LOGISTIC / sd_b
-    scale_b = jnp.where(has, mean(p.scale), 1.0)
+    scale_b = jnp.where(has, sums[:, 5] / safe, 1.0)
     route_b = (jnp.arange(n_seg, dtype=jnp.int32) // bins) * n_table
-    k_b = jax.ops.segment_max(p.k, seg, n_seg)
-    k_b = jnp.where(jnp.isfinite(k_b), k_b, 0.0)  # a route without left-out components
+    # Each route's own lookup scale (the same for all its components).
+    k_b = jnp.repeat(p.k.reshape(n_routes, -1)[:, 0], bins)
     cat = lambda a, c: jnp.concatenate([a[idx], c.astype(a.dtype)])  # noqa: E731
     return p._replace(slope=cat(p.slope, slope_b), offset=cat(p.offset, slope_b * loc_b),
                       w_atom=cat(p.w_atom, w_atom), scale=cat(p.scale, scale_b),
@@ -356,6 +365,65 @@ _STAND_IN_BRACKET = 2e-3
 # longer step says the search itself had not converged there (a near-flat CDF, up to
 # ~1e-4 measured), where the search's own bracket answer is kept.
 _POLISH_MAX_STEP = 1e-3
+
+
+# Newton steps on the whole mixture from the stand-in's root (in the search's precision,
+# then one in the inputs'), and the longest step (log t) the first ones may take for the
+# result to be accepted without the safeguarded search (`quantiles`): the stand-in's
+# root is within ~1e-3 of the whole's (docs/speed.md §2 item 10).
+_WHOLE_STEPS = 2
+_WHOLE_TOL = 1e-3
+
+
+def _newton(log_t, qs, p: _Params, n_table: int, llo, lhi):
+    """One Newton step on logit F from `log_t` in its precision, clipped to [llo, lhi]:
+    (new log t, the step, whether F rises there). No step where F is flat."""
+    dtype = log_t.dtype
+    f, df = _cdf_slope(log_t, p, n_table)
+    dh = df / jnp.maximum(f * (1.0 - f), jnp.finfo(dtype).tiny)
+    rising = dh > 0
+    step = jnp.where(rising, (_logit_of(qs, dtype) - _logit_of(f, dtype)) / jnp.maximum(dh, 1e-30), 0.0)
+    return jnp.clip(log_t + step, llo, lhi), step, rising
+
+
+def _heaviest(w, k: int, steps: int = 24):
+    """Indices of k components with the largest weights w (1-D, float32, >= 0): the
+    threshold found by bisection on the count above it, then the components above it
+    gathered by their running count. The same set as `jax.lax.top_k(w, k)` up to ties
+    and to weights within 2^-steps of the largest (which one of equals is kept does not
+    matter: it only seeds the search), at a third of its cost on CPU (1.0 -> 0.3 ms
+    for 4,096 of 17,920; a full sort 3.4 ms)."""
+    n = w.shape[0]
+    hi = jnp.max(w) * (1.0 + 1e-6) + 1e-37
+    lo = jnp.zeros((), w.dtype)
+
+    def halve(_, c):
+        lo, hi = c
+        mid = 0.5 * (lo + hi)
+        enough = jnp.sum(w >= mid) >= k
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, steps, halve, (lo, hi))
+    # Every weight >= hi (fewer than k), then the first of those in [lo, hi) to make k.
+    top = w >= hi
+    near = (w >= lo) & ~top
+    counts = _running_count(jnp.stack([top, near]))
+    rank = jnp.where(top, counts[0], counts[0][-1] + counts[1])
+    pos = jnp.where((top | near) & (rank <= k), rank - 1, k)
+    return jnp.zeros((k,), jnp.int32).at[pos].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+
+
+def _running_count(masks, block: int = 128):
+    """Inclusive running counts of boolean rows (m, n), as int32: in blocks of `block`,
+    one product with a triangular matrix and a short cumulative sum of the block totals
+    (XLA's CPU cumsum of 17,920 elements took 2x as long)."""
+    m, n = masks.shape
+    nb = -(-n // block)
+    x = jnp.zeros((m, nb * block), jnp.float32).at[:, :n].set(masks.astype(jnp.float32)).reshape(m, nb, block)
+    within = x @ jnp.triu(jnp.ones((block, block), jnp.float32))
+    totals = within[..., -1]
+    before = jnp.cumsum(totals, axis=-1) - totals
+    return (within + before[..., None]).reshape(m, -1)[:, :n].astype(jnp.int32)
 
 
 def _polish(log_t, qs, p: _Params, n_table: int, max_step: float = _POLISH_MAX_STEP):
@@ -390,52 +458,85 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
     n_table = mix.wait.fine.shape[-1] if has_wait else 0
     cdf = _Cdf(n_table)
     qs = jnp.asarray(PERCENTILES, mix.shift.dtype)
-    search_dtype = jnp.dtype(res.search_dtype) if res.search_dtype else mix.shift.dtype
+    dtype = mix.shift.dtype
+    search_dtype = jnp.dtype(res.search_dtype) if res.search_dtype else dtype
 
     n_comp = mix.weight.size
     heaviest = None
     if has_wait and res.search_components is not None:
-        n_keep = max(res.search_components, n_comp // 8)
+        n_keep = max(res.search_components, n_comp // 64)
         if n_comp > 2 * n_keep:
-            # The same components for every variant (their weights are shared); float32's
-            # top_k is XLA's partial sort, ~10x faster than float64's full one on CPU.
+            # The same components for every variant (their weights are shared).
             w = jax.lax.stop_gradient(mix.weight).reshape(-1).astype(jnp.float32)
-            heaviest = jax.lax.top_k(w, n_keep)[1]
+            heaviest = _heaviest(w, n_keep)
 
-    def one(scale):
+    def setup(scale):
         p = _params(mix, scale, has_wait)
         llo, lhi = _bracket(mix, scale)
         p_fixed = jax.tree_util.tree_map(jax.lax.stop_gradient, p)
         p_search = jax.tree_util.tree_map(
             lambda a: a.astype(search_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, p_fixed)
-        q_s, llo_s, lhi_s = qs.astype(search_dtype), llo.astype(search_dtype), lhi.astype(search_dtype)
-        full = lambda lt: cdf(lt, p_search)  # noqa: E731
-        if heaviest is None:
-            a, b, ha, hb = bracket(full, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
-            log_t = refine(full, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
-                           cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table))
-        else:
-            # Search the stand-in (the heaviest components and the rest binned), then
-            # correct on the whole mixture inside a narrow bracket around its root.
-            p_part = _stand_in(p_search, heaviest, n_table)
-            part = lambda lt: cdf(lt, p_part)  # noqa: E731
-            a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
-            x_part = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
-                            cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
-            a0 = jnp.maximum(x_part - _STAND_IN_BRACKET, llo_s)
-            b0 = jnp.minimum(x_part + _STAND_IN_BRACKET, lhi_s)
-            a, b, ha, hb = rebracket(full, q_s, a0, b0, llo_s, lhi_s)
-            # More steps only where the narrow bracket missed the root and had to widen.
-            widened = jnp.any((a < a0) | (b > b0))
-            log_t = refine(full, q_s, a, b, ha, hb, llo_s, lhi_s, 1,
-                           cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table),
-                           max_iters=1 + _EXTRA_REFINE, extra_if=widened)
-        log_t = log_t.astype(mix.shift.dtype)
-        if search_dtype != mix.shift.dtype:
-            log_t = _polish(log_t, qs, p_fixed, n_table)
+        return p, p_fixed, p_search, llo, lhi, llo.astype(search_dtype), lhi.astype(search_dtype)
+
+    q_s = qs.astype(search_dtype)
+
+    def answer(scale, log_t):
+        p = _params(mix, scale, has_wait)
         return jnp.exp(implicit_root(cdf, jax.lax.stop_gradient(log_t), p))
 
-    return jax.vmap(one)(mix.scale)
+    if heaviest is None:
+        def one(scale):
+            _, p_fixed, p_search, _, _, llo_s, lhi_s = setup(scale)
+            full = lambda lt: cdf(lt, p_search)  # noqa: E731
+            a, b, ha, hb = bracket(full, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
+            log_t = refine(full, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
+                           cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table)).astype(dtype)
+            if search_dtype != dtype:
+                log_t = _polish(log_t, qs, p_fixed, n_table)
+            return answer(scale, log_t)
+
+        return jax.vmap(one)(mix.scale)
+
+    def near(scale):
+        """The stand-in's root (the heaviest components and the rest binned), then
+        Newton on the whole mixture from it: two steps in the search's precision, one in
+        the inputs'; `short` where every step ended short (the root was near and F rising)."""
+        _, p_fixed, p_search, llo, lhi, llo_s, lhi_s = setup(scale)
+        p_part = _stand_in(p_search, heaviest, n_table)
+        part = lambda lt: cdf(lt, p_part)  # noqa: E731
+        a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
+        x_part = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
+                        cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
+        x = x_part
+        for _ in range(_WHOLE_STEPS):
+            x, step, rising = _newton(x, q_s, p_search, n_table, llo_s, lhi_s)
+        short = jnp.all(rising & (jnp.abs(step) < _WHOLE_TOL))
+        x, step, rising = _newton(x.astype(dtype), qs, p_fixed, n_table, llo, lhi)
+        return x, x_part, short & jnp.all(rising & (jnp.abs(step) < _POLISH_MAX_STEP))
+
+    def safeguarded(scale, x_part):
+        """The whole mixture's root bracketed around the stand-in's (`quantiles.rebracket`
+        widens the bracket where it must) and refined by safeguarded Newton steps."""
+        _, p_fixed, p_search, _, _, llo_s, lhi_s = setup(scale)
+        full = lambda lt: cdf(lt, p_search)  # noqa: E731
+        a0 = jnp.maximum(x_part - _STAND_IN_BRACKET, llo_s)
+        b0 = jnp.minimum(x_part + _STAND_IN_BRACKET, lhi_s)
+        a, b, ha, hb = rebracket(full, q_s, a0, b0, llo_s, lhi_s)
+        # More steps only where the narrow bracket missed the root and had to widen.
+        widened = jnp.any((a < a0) | (b > b0))
+        log_t = refine(full, q_s, a, b, ha, hb, llo_s, lhi_s, 1,
+                       cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table),
+                       max_iters=1 + _EXTRA_REFINE, extra_if=widened)
+        return _polish(log_t.astype(dtype), qs, p_fixed, n_table)
+
+    log_t, x_part, short = jax.vmap(near)(mix.scale)
+    # Where a Newton step ran long, every variant takes the safeguarded path: a
+    # `while_loop` that runs once at most, so that an evaluation that does not need it
+    # never pays for it, and a vmapped batch only when one of its elements does.
+    _, log_t = jax.lax.while_loop(
+        lambda c: ~c[0], lambda c: (jnp.asarray(True), jax.vmap(safeguarded)(mix.scale, x_part)),
+        (jnp.all(short), log_t))
+    return jax.vmap(answer)(mix.scale, log_t)
 
 
 def busy_wait_moments(wm: WaitModel, res: Resolution):

@@ -68,7 +68,10 @@ def _program(fn: Callable, devices: tuple, batch_size: int):
     mesh = Mesh(np.asarray(devices), (AXIS,))
 
     def local(rows, shared):
-        return jax.lax.map(lambda r: fn(r, *shared), rows, batch_size=batch_size)
+        # One row at a time without a vmap of one: `lax.map`'s blocks are vmapped, and a
+        # vmapped loop (the model's fixed points, the percentile search's fallback) turns
+        # its exits and branches into selects over the block.
+        return jax.lax.map(lambda r: fn(r, *shared), rows, batch_size=None if batch_size == 1 else batch_size)
 
     # check_vma=False: the model's loops start from constants (invariant across devices)
     # and carry per-row values; the check would ask for a pcast in every one of them.

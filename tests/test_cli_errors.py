@@ -345,3 +345,18 @@ def test_queries_file_is_valid_so_params_cases_test_the_params(files):
     from splitwise_jax.predict import validate_queries
 
     assert len(validate_queries(pd.read_csv(files / "queries.csv"))) == 1
+
+
+def test_process_seconds_counts_from_the_process_start():
+    """The CLIs' "s from process start" (`_cli.process_seconds`) includes the
+    interpreter's start and its imports: a child that sleeps 0.5 s before importing the
+    package reports at least that, and not more than its own wall time."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time; time.sleep(0.5)\nfrom splitwise_jax import _cli\nprint(_cli.process_seconds())")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - t0
+    assert 0.5 <= float(out) <= wall + 0.02  # /proc's clock ticks are 0.01 s

@@ -148,6 +148,45 @@ def test_search_on_the_heaviest_components_is_the_whole_mixtures_root(load, skew
 
 
 @pytest.mark.parametrize("load", list(LOADS))
+def test_the_safeguarded_path_gives_the_same_root(load, monkeypatch):
+    """A large mixture's answer is Newton on the whole mixture from the stand-in's root,
+    accepted where the steps end short; elsewhere the safeguarded search (`rebracket`,
+    `refine`). Forcing the safeguarded path everywhere (no step counts as short) must
+    give the same root: both are the whole mixture's, to the 1e-8 of the tests above."""
+    import splitwise_jax.percentiles as P
+
+    mix = _mixture(LOADS[load], seed=2)
+    pruned = Resolution(search_components=8)
+    fast = np.asarray(quantiles(mix, pruned))
+    monkeypatch.setattr(P, "_WHOLE_TOL", 0.0)
+    jax.clear_caches()
+    safe = np.asarray(quantiles(mix, pruned))
+    jax.clear_caches()
+    np.testing.assert_allclose(fast, safe, rtol=1e-8)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_heaviest_is_top_k(seed):
+    """`percentiles._heaviest` (bisection on a threshold, then a running count) picks
+    the set `jax.lax.top_k` picks, where no two weights tie at the cut; with ties it
+    still returns k distinct components, every one at least as heavy as any left out."""
+    from splitwise_jax.percentiles import _heaviest, _running_count
+
+    rng = np.random.default_rng(seed)
+    n, k = 5_000 + 37 * seed, 300 + seed
+    w = jnp.asarray(np.exp(3.0 * rng.standard_normal(n)), jnp.float32)
+    got = np.asarray(_heaviest(w, k))
+    assert np.array_equal(np.sort(got), np.sort(np.asarray(jax.lax.top_k(w, k)[1])))
+    tied = jnp.asarray(rng.integers(0, 20, n), jnp.float32)
+    got = np.asarray(_heaviest(tied, k))
+    assert len(np.unique(got)) == k
+    left = np.setdiff1d(np.arange(n), got)
+    assert np.asarray(tied)[got].min() >= np.asarray(tied)[left].max()
+    masks = jnp.asarray(rng.uniform(size=(2, n)) < 0.3)
+    np.testing.assert_array_equal(np.asarray(_running_count(masks)), np.cumsum(np.asarray(masks), axis=1))
+
+
+@pytest.mark.parametrize("load", list(LOADS))
 def test_stand_in_keeps_the_weight_and_nearly_the_cdf(load):
     """`percentiles._stand_in` (the search's stand-in for a large mixture: the heaviest
     components as they are, the rest binned by location per route) keeps the whole
