@@ -65,7 +65,7 @@ class Resolution:
             Fig. 12 grid closer to a converged float64 solve than the float64 search
             (docs/speed.md §2), and the TBT search 1.7x, the E2E search 1.17x faster
             (SIMD width; the E2E one is bound by its table lookups).
-        search_components: a mixture with a wait table and more than twice
+        search_components: a mixture with a wait table and more than four times
             max(search_components, C / 64) components is searched on a stand-in: that
             many of its heaviest components as they are and the rest binned by location
             (`_stand_in`, 64 bins per route). From the stand-in's root, two Newton steps
@@ -465,7 +465,7 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
     heaviest = None
     if has_wait and res.search_components is not None:
         n_keep = max(res.search_components, n_comp // 64)
-        if n_comp > 2 * n_keep:
+        if n_comp > 4 * n_keep:
             # The same components for every variant (their weights are shared).
             w = jax.lax.stop_gradient(mix.weight).reshape(-1).astype(jnp.float32)
             heaviest = _heaviest(w, n_keep)
