@@ -507,9 +507,10 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
         a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
         x_part = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
                         cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
-        x = x_part
-        for _ in range(_WHOLE_STEPS):
-            x, step, rising = _newton(x, q_s, p_search, n_table, llo_s, lhi_s)
+        # A loop, so that the program holds one copy of the whole mixture's CDF for them.
+        x, step, rising = jax.lax.fori_loop(
+            0, _WHOLE_STEPS, lambda _, c: _newton(c[0], q_s, p_search, n_table, llo_s, lhi_s),
+            (x_part, jnp.zeros_like(x_part), jnp.zeros(x_part.shape, bool)))
         short = jnp.all(rising & (jnp.abs(step) < _WHOLE_TOL))
         x, step, rising = _newton(x.astype(dtype), qs, p_fixed, n_table, llo, lhi)
         return x, x_part, short & jnp.all(rising & (jnp.abs(step) < _POLISH_MAX_STEP))
