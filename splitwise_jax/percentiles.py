@@ -380,6 +380,7 @@ def _newton(log_t, qs, p: _Params, n_table: int, llo, lhi):
     (new log t, the step, whether F rises there). No step where F is flat."""
     dtype = log_t.dtype
     f, df = _cdf_slope(log_t, p, n_table)
+    # d logit F / d log t = F' / (F (1 - F)), as in the search's own Newton steps.
     dh = df / jnp.maximum(f * (1.0 - f), jnp.finfo(dtype).tiny)
     rising = dh > 0
     step = jnp.where(rising, (_logit_of(qs, dtype) - _logit_of(f, dtype)) / jnp.maximum(dh, 1e-30), 0.0)
@@ -432,12 +433,8 @@ def _polish(log_t, qs, p: _Params, n_table: int, max_step: float = _POLISH_MAX_S
     then no longer depends on float32 rounding (jit and eager, batched and single
     evaluations agree to float64 round-off), and finite differences of it see the
     float64 CDF. A step longer than `max_step` is not taken."""
-    dtype = log_t.dtype
-    f, df = _cdf_slope(log_t, p, n_table)
-    # d logit F / d log t = F' / (F (1 - F)), as in the search's own Newton steps.
-    dh = df / jnp.maximum(f * (1.0 - f), jnp.finfo(dtype).tiny)
-    step = (_logit_of(qs, dtype) - _logit_of(f, dtype)) / jnp.maximum(dh, 1e-30)
-    return jnp.where((dh > 0) & (jnp.abs(step) < max_step), log_t + step, log_t)
+    moved, step, rising = _newton(log_t, qs, p, n_table, -jnp.inf, jnp.inf)
+    return jnp.where(rising & (jnp.abs(step) < max_step), moved, log_t)
 
 
 def quantiles(mix: Mixture, res: Resolution = Resolution()):
