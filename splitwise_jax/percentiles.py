@@ -76,7 +76,7 @@ class Resolution:
             answer is the whole mixture's root. None searches the whole mixture. E2E
             solve on Splitwise-HH 26+6, coding at 70 req/s (17,920 components): 11.0 ->
             6.7 ms with the heaviest alone, weights renormalised (docs/speed.md §2 item
-            8); 8.5 -> 6.6 ms with the stand-in (item 9); ~4.5 -> ~3.3 ms with the
+            8); 8.5 -> 6.6 ms with the stand-in (item 9); 4.4-5.0 -> 3.5-4.0 ms with the
             Newton steps first and 2,048 kept (item 10).
     """
 
