@@ -53,10 +53,14 @@ from splitwise_jax._smooth import smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.batch import Batch
 
 _NEWTON_ITERS = 12
-# The iteration stops once a step moves log B less than this (the state carried out is
-# the one at the last iterate evaluated, within this of the root); at most
-# _NEWTON_ITERS + 1 evaluations either way.
-_NEWTON_TOL = 1e-13
+# The iteration stops once a step moves log B less than this (in float64; `_newton_tol`),
+# at most _NEWTON_ITERS + 1 evaluations either way. The state carried out is the one at
+# the last iterate evaluated, moved to the next iterate along the Newton slope's pair
+# (first order: off by ~ curvature x step^2 + slope step x step, < 1e-14 in float64).
+_NEWTON_TOL = 1e-8
+# Largest last step the state is moved along (past it, a loop that ran out of steps: the
+# state stays at its last iterate, as it did before the move existed).
+_EXTRAPOLATE_MAX = 1e-6
 # p-norm sharpness of min(B, B_max): KV memory is a hard limit. p = 32 moves B by 0.04%
 # at 87% of capacity and by 2.2% exactly at it; p = 8 moved 3.5% of decodes off a token
 # pool that was only 87% full, which inflated TBT tails against the reference runs.
@@ -253,11 +257,19 @@ def _slope_step():
     return 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
 
 
+def _newton_tol():
+    """`_NEWTON_TOL` in float64; in float32, where one step of the residual's round-off
+    moves log B by ~1e-6, 1e-5 (read when traced, as `_slope_step`)."""
+    return _NEWTON_TOL if jnp.result_type(float) == jnp.float64 else 1e-5
+
+
 def _newton_step(log_b, r):
     """One damped Newton step from the residual at log B and at log B + `_slope_step()`:
     the slope floored at 0.05 and the step clipped to +-2 (`_root`)."""
     slope = (r[1] - r[0]) / _slope_step()
-    return log_b - jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
+    damped = jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
+    newton = r[0] / jnp.maximum(slope, 1e-3)
+    return log_b - jnp.where(jnp.abs(newton) < 0.25, newton, damped)
 
 
 # B of a pool without decode traffic: where the residual's floor (need >= 1e-12) puts it.
@@ -283,9 +295,11 @@ def _root(args):
     a 40 ms iteration; 12 steps reach machine precision from any start within a factor
     e^8 of the answer). The slope is a forward difference over a step eps in log B, the
     pair evaluated as one vmapped call (relative error ~ eps + ulp / eps: it sets how fast
-    the iteration converges, not where it stops). The loop carries the state at the
-    iterate it evaluated, so one more step gives the state at the answer without a
-    second copy of the phase model in the program."""
+    the iteration converges, not where it stops). The loop carries the states at the
+    iterate it evaluated and at its slope's partner, so the program holds one copy of the
+    phase model; the answer is the next iterate, its state the last one moved there along
+    the pair (first order in a step below `_NEWTON_TOL`), which saves the evaluation that
+    only confirmed convergence (docs/speed.md §2 item 11)."""
     n_machines, decode_rate, mean_decode_iters, batch_cap = args[1], args[6], args[7], args[9]
     lam_d = decode_rate / jnp.maximum(n_machines, 1e-6)
 
@@ -293,18 +307,23 @@ def _root(args):
         i, log_b, _, _ = carry
         st, r = jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + _slope_step()]))
         new = _newton_step(log_b, r)
-        return i + 1, new, (log_b, jax.tree_util.tree_map(lambda a: a[0], st)), jnp.abs(new - log_b)
+        return i + 1, new, (log_b, st), jnp.abs(new - log_b)
 
     def going(carry):
         i, _, _, moved = carry
-        return (i < _NEWTON_ITERS + 1) & (moved > _NEWTON_TOL)
+        return (i < _NEWTON_ITERS + 1) & (moved > _newton_tol())
 
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     log_b0 = jnp.log(b0)
-    zero = jnp.zeros_like(log_b0)
-    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros_like(args[4] * zero), *(zero,) * 9))
-    _, _, (log_b, st), _ = jax.lax.while_loop(going, newton, (0, log_b0, empty, jnp.asarray(jnp.inf, log_b0.dtype)))
-    return log_b, st
+    zero = jnp.zeros((2,), log_b0.dtype)
+    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros((2,) + jnp.shape(args[4]), log_b0.dtype), *(zero,) * 9))
+    _, new, (log_b, pair), moved = jax.lax.while_loop(
+        going, newton, (0, log_b0, empty, jnp.asarray(jnp.inf, log_b0.dtype)))
+    # The state at the last iterate, moved to the next one along the pair's difference
+    # (`_NEWTON_TOL`): saves the evaluation that would only have confirmed it.
+    frac = jnp.where(moved < _EXTRAPOLATE_MAX, (new - log_b) / _slope_step(), 0.0)
+    st = jax.tree_util.tree_map(lambda a: a[0] + (a[1] - a[0]) * frac, pair)
+    return jnp.where(moved < _EXTRAPOLATE_MAX, new, log_b), st
 
 
 @jax.custom_jvp
