@@ -65,6 +65,20 @@ def test_littles_law_holds_at_the_fixed_point(timing, mixed):
         assert float(st.rho_prompt) == pytest.approx(prompt_rate / n * float(st.mean_prompt_s), rel=1e-12)
 
 
+def test_littles_law_holds_near_the_decode_limit(timing):
+    """Just below the load where decoding saturates the machines (here ~14.05 requests/s
+    per machine: B from 250 at 12 to 1,556 at 14), the residual's slope in log B falls
+    to ~0.01, below the 0.05 floor of the damped steps, which then converge at ~0.8 per
+    step: 13 damped evaluations left B 1.3e-6 off Little's law at 14 (pool._newton_step
+    now takes full steps once they are short). Same tolerance as above (1e-9)."""
+    n = 4.0
+    for lam_d in (12.0, 13.0, 13.6, 14.0):
+        st = _state(timing, n, 0.0, lam_d * n)
+        assert 200.0 < float(st.batch) < 2e3, lam_d  # a root far below the memory cap
+        little = lam_d * MEAN_ITERS * float(st.step_s)
+        assert float(st.batch) == pytest.approx(little, rel=1e-9), lam_d
+
+
 def test_batch_grows_with_the_decode_load(timing):
     batches = [float(_state(timing, 4.0, 0.0, 4.0 * lam).batch) for lam in LOADS]
     assert all(b > a for a, b in zip(batches, batches[1:])), batches
