@@ -264,8 +264,11 @@ def _newton_tol():
 
 
 def _newton_step(log_b, r):
-    """One damped Newton step from the residual at log B and at log B + `_slope_step()`:
-    the slope floored at 0.05 and the step clipped to +-2 (`_root`)."""
+    """One Newton step from the residual at log B and at log B + `_slope_step()`: damped
+    (the slope floored at 0.05, the step clipped to +-2: safe from a poor start, `_root`)
+    unless the full step (slope floored at 1e-3) is shorter than 0.25. Near a pool's
+    decode limit the slope falls to ~0.01, where the floored steps converged at ~0.8 per
+    step and 13 of them left B 1.3e-2 off (docs/speed.md §2 item 11)."""
     slope = (r[1] - r[0]) / _slope_step()
     damped = jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
     newton = r[0] / jnp.maximum(slope, 1e-3)
