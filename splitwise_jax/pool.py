@@ -324,9 +324,10 @@ def _root(args):
         going, newton, (0, log_b0, empty, jnp.asarray(jnp.inf, log_b0.dtype)))
     # The state at the last iterate, moved to the next one along the pair's difference
     # (`_NEWTON_TOL`): saves the evaluation that would only have confirmed it.
-    frac = jnp.where(moved < _EXTRAPOLATE_MAX, (new - log_b) / _slope_step(), 0.0)
+    near = moved < _EXTRAPOLATE_MAX
+    frac = jnp.where(near, (new - log_b) / _slope_step(), 0.0)
     st = jax.tree_util.tree_map(lambda a: a[0] + (a[1] - a[0]) * frac, pair)
-    return jnp.where(moved < _EXTRAPOLATE_MAX, new, log_b), st
+    return jnp.where(near, new, log_b), st
 
 
 @jax.custom_jvp

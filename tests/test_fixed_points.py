@@ -5,8 +5,6 @@ gradient, and for the evaluations of h it takes."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,8 +67,10 @@ def test_the_search_stops_well_before_its_cap(cap, sd):
         return _h(u, cap, sd)
 
     jax.block_until_ready(jax.jit(lambda: _fixed_point_01(h))())
-    # The loop's evaluations plus the one in the final Newton step's jvp.
-    assert 3 <= len(count) <= 16 + 1 < _ROOT_STEPS + 2 + 1
+    # The loop's evaluations (the two ends at least) plus the one in the final Newton
+    # step's jvp; the cap would allow _ROOT_STEPS + 2 + 1 = 25.
+    assert _ROOT_STEPS + 2 + 1 == 25
+    assert 3 <= len(count) <= 17
 
 
 @pytest.mark.parametrize("cap, sd", CASES[:3])
@@ -80,4 +80,3 @@ def test_the_gradient_is_the_implicit_one(cap, sd):
     grad = float(jax.grad(_solve)(jnp.asarray(cap), jnp.asarray(sd)))
     fd = (_bisection(cap + 1.0, sd) - _bisection(cap - 1.0, sd)) / 2.0
     assert grad == pytest.approx(fd, rel=1e-6, abs=1e-12)
-    assert math.isfinite(grad)
