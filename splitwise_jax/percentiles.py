@@ -65,10 +65,11 @@ class Resolution:
             Fig. 12 grid closer to a converged float64 solve than the float64 search
             (docs/speed.md §2), and the TBT search 1.7x, the E2E search 1.17x faster
             (SIMD width; the E2E one is bound by its table lookups).
-        search_components: a mixture with a wait table and more than four times
-            max(search_components, C / 64) components is searched on a stand-in: that
-            many of its heaviest components as they are and the rest binned by location
-            (`_stand_in`, 64 bins per route). From the stand-in's root, two Newton steps
+        search_components: a mixture with more than four times
+            max(search_components, C / 64) components is searched on a stand-in: with a
+            wait table, that many of its heaviest components as they are and the rest
+            binned by location (`_stand_in`, 64 bins per route); without one (TBT), all
+            of them binned (128 bins). From the stand-in's root, two Newton steps
             on the whole mixture in the search's precision and one in the inputs'; where
             a step ran long (> 1e-3 in log t) or F was flat, the whole mixture's root is
             bracketed narrowly around the stand-in's (`quantiles.rebracket`, which widens
@@ -290,6 +291,13 @@ _EXTRA_REFINE = 16
 # Bins per route of the components left out of the search's stand-in (`_stand_in`),
 # uniform in the log of their location mu / s.
 _REST_BINS = 64
+# A mixture without a wait table (TBT) is a sum of logistics, which bins merge well by
+# their moments: its stand-in is bins alone, this many, no components kept. On the TBT
+# mixture of Splitwise-HH coding at 70 req/s (8,960 components, 64 configurations
+# 3-40 x 1-30 machines, `lax.map`): 0.58-0.62 -> 0.39-0.47 ms per configuration against
+# the whole-mixture search; 32 to 1,024 bins all ran faster than it, 128 fastest, and the
+# answers within 7e-10 of a converged solve either way (docs/speed.md §2 item 12).
+_NO_WAIT_BINS = 128
 
 
 def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
@@ -302,8 +310,9 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     stand-in's weights sum to the whole mixture's and its CDF differs from the whole's
     only by the left-out components' spread within a bin (2-3 % of log t wide); the
     search on it is then corrected on the whole mixture (`quantiles.rebracket`,
-    `quantiles.refine`). For a mixture with a wait table (n_table > 0); not
-    differentiated (the search's parameters are stopped)."""
+    `quantiles.refine`). A mixture without a wait table (n_table = 0) is binned as one
+    route and `idx` may be empty (bins alone). Not differentiated (the search's
+    parameters are stopped)."""
     n = p.slope.shape[0]
     keep = jnp.zeros((n,), bool).at[idx].set(True)
     w = jnp.where(keep, 0.0, p.w_atom + p.w_busy)
@@ -321,8 +330,10 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     hi = jnp.where(jnp.isfinite(hi), hi, 1.0)
     width = jnp.maximum(hi - lo, 1e-6) / bins
     b = jnp.clip(((log_loc - lo) / width).astype(jnp.int32), 0, bins - 1)
-    seg = (p.route // n_table) * bins + b
-    n_routes = p.values.shape[0] // n_table
+    # A mixture without a wait table is binned as one route (its components differ
+    # only in their logistic parts).
+    n_routes = p.values.shape[0] // n_table if n_table else 1
+    seg = (p.route // n_table) * bins + b if n_table else b
     n_seg = n_routes * bins
     # One scatter of six columns (six scatters of one cost ~5x as much on CPU): the
     # no-wait and wait weights, the weight for the means, and the weighted location,
@@ -344,14 +355,16 @@ def _stand_in(p: _Params, idx, n_table: int, bins: int = _REST_BINS) -> _Params:
     sd_b = jnp.sqrt(jnp.maximum(var_b, (1e-3 * loc_b) ** 2))
     slope_b = _LOGISTIC / sd_b
     scale_b = jnp.where(has, sums[:, 5] / safe, 1.0)
+    cat = lambda a, c: jnp.concatenate([a[idx], c.astype(a.dtype)])  # noqa: E731
+    p_new = p._replace(slope=cat(p.slope, slope_b), offset=cat(p.offset, slope_b * loc_b),
+                       w_atom=cat(p.w_atom, w_atom))
+    if not n_table:
+        return p_new
     route_b = (jnp.arange(n_seg, dtype=jnp.int32) // bins) * n_table
     # Each route's own lookup scale (the same for all its components).
     k_b = jnp.repeat(p.k.reshape(n_routes, -1)[:, 0], bins)
-    cat = lambda a, c: jnp.concatenate([a[idx], c.astype(a.dtype)])  # noqa: E731
-    return p._replace(slope=cat(p.slope, slope_b), offset=cat(p.offset, slope_b * loc_b),
-                      w_atom=cat(p.w_atom, w_atom), scale=cat(p.scale, scale_b),
-                      shift=cat(p.shift, scale_b * loc_b), k=cat(p.k, k_b), w_busy=cat(p.w_busy, w_busy),
-                      route=jnp.concatenate([p.route[idx], route_b]))
+    return p_new._replace(scale=cat(p.scale, scale_b), shift=cat(p.shift, scale_b * loc_b), k=cat(p.k, k_b),
+                          w_busy=cat(p.w_busy, w_busy), route=jnp.concatenate([p.route[idx], route_b]))
 
 
 # Half-width (log t) of the whole mixture's first bracket around the stand-in's root:
@@ -460,12 +473,14 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
 
     n_comp = mix.weight.size
     heaviest = None
-    if has_wait and res.search_components is not None:
+    if res.search_components is not None:
         n_keep = max(res.search_components, n_comp // 64)
-        if n_comp > 4 * n_keep:
+        if n_comp > 4 * n_keep and has_wait:
             # The same components for every variant (their weights are shared).
             w = jax.lax.stop_gradient(mix.weight).reshape(-1).astype(jnp.float32)
-            heaviest = _heaviest(w, n_keep)
+            heaviest, bins = _heaviest(w, n_keep), _REST_BINS
+        elif n_comp > 4 * n_keep:
+            heaviest, bins = jnp.zeros((0,), jnp.int32), _NO_WAIT_BINS
 
     def setup(scale):
         p = _params(mix, scale, has_wait)
@@ -499,7 +514,7 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
         Newton on the whole mixture from it: two steps in the search's precision, one in
         the inputs'; `short` where every step ended short (the root was near and F rising)."""
         _, p_fixed, p_search, llo, lhi, llo_s, lhi_s = setup(scale)
-        p_part = _stand_in(p_search, heaviest, n_table)
+        p_part = _stand_in(p_search, heaviest, n_table, bins)
         part = lambda lt: cdf(lt, p_part)  # noqa: E731
         a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
         x_part = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
