@@ -510,7 +510,8 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
         return jax.vmap(one)(mix.scale)
 
     def near(scale):
-        """The stand-in's root (the heaviest components and the rest binned), then
+        """The stand-in's root (the heaviest components and the rest binned; without a
+        wait table, bins alone), then
         Newton on the whole mixture from it: two steps in the search's precision, one in
         the inputs'; `short` where every step ended short (the root was near and F rising)."""
         _, p_fixed, p_search, llo, lhi, llo_s, lhi_s = setup(scale)

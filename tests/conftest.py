@@ -151,6 +151,13 @@ def _group(nodeid: str, fixtures=()):
     return next(by_fixture, None) or next((g for prefix, g in _GROUPS.items() if nodeid.startswith(prefix)), None)
 
 
+# First among the hooks: pytest-xdist's worker reads the `xdist_group` marks in its own
+# `pytest_collection_modifyitems` (it appends "@group" to each node id, which the
+# controller's loadgroup scheduler reads), and a conftest hook otherwise runs after it:
+# the marks added here came too late and no group was ever formed (found 2026-12-02,
+# the `grid` fixture's tests ran on both workers, each building it; pytest 9.2 broke the
+# suffix too, hence pyproject's pin below it).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
         group = _group(item.nodeid, getattr(item, "fixturenames", ()))
@@ -164,9 +171,9 @@ def pytest_collection_modifyitems(session, config, items):
     # The tests of a group stay adjacent (at their longest test's place). Measured on the
     # 2-core machine, clean worktrees, 2026-12-02: the suite 576 s before the fixture
     # groups, 479 s with them and this order, 466 s with the fixtures session-scoped too
-    # (run-to-run noise ~30 s). `--durations` still shows the validation runs' and the
-    # grid's fixtures set up twice (20 and 21 s, 17 and 13 s): xdist still places some of
-    # a group's tests on the other worker, which is not understood yet.
+    # (run-to-run noise ~30 s); those gains were the order's alone, since the groups
+    # never formed (the hook above, and pytest 9.2): `--durations` showed the validation
+    # runs' and the grid's fixtures set up twice.
     groups = {item.nodeid: _group(item.nodeid, getattr(item, "fixturenames", ())) for item in items}
     longest: dict = {}
     for item in items:
