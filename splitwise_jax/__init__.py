@@ -39,12 +39,6 @@ from splitwise_jax.phases import mean_token_latency_s as mean_token_latency_s
 from splitwise_jax.phases import mixed_latency_s as mixed_latency_s
 from splitwise_jax.phases import prompt_latency_s as prompt_latency_s
 from splitwise_jax.phases import token_latency_s as token_latency_s
-from splitwise_jax.simulate.api import SimResult as SimResult
-from splitwise_jax.simulate.api import simulate as simulate
-from splitwise_jax.simulate.policies import SimConfig as SimConfig
-from splitwise_jax.simulate.trace import RequestTrace as RequestTrace
-from splitwise_jax.simulate.trace import from_csv as trace_from_csv
-from splitwise_jax.simulate.trace import poisson as poisson_trace
 from splitwise_jax.workload import Workload as Workload
 from splitwise_jax.workload import coarsen as coarsen
 from splitwise_jax.workload import load_trace as load_trace
@@ -75,13 +69,42 @@ import types as _types  # noqa: E402
 _PROTECTED = frozenset({"evaluate", "simulate"})
 
 
+# The simulator's names load on first use (PEP 562): `splitwise_jax.simulate` and the
+# pandas it reads traces with (0.2-0.3 s) are not imported by `import splitwise_jax`, so
+# the model's command lines (`evaluate`, `optimize`) do not pay for them at start.
+_LAZY = {
+    "SimResult": ("splitwise_jax.simulate.api", "SimResult"),
+    "simulate": ("splitwise_jax.simulate.api", "simulate"),
+    "SimConfig": ("splitwise_jax.simulate.policies", "SimConfig"),
+    "RequestTrace": ("splitwise_jax.simulate.trace", "RequestTrace"),
+    "trace_from_csv": ("splitwise_jax.simulate.trace", "from_csv"),
+    "poisson_trace": ("splitwise_jax.simulate.trace", "poisson"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        _sys.modules[__name__].__dict__[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
 class _Package(_types.ModuleType):
     """The package's module type: keeps `_PROTECTED` functions bound on import."""
 
     def __setattr__(self, name, value):
-        if (name in _PROTECTED and isinstance(value, _types.ModuleType)
-                and callable(self.__dict__.get(name)) and not isinstance(self.__dict__.get(name), _types.ModuleType)):
-            return  # the import system binding the CLI submodule: keep the function
+        current = self.__dict__.get(name)
+        function_bound = callable(current) and not isinstance(current, _types.ModuleType)
+        if name in _PROTECTED and isinstance(value, _types.ModuleType) and (function_bound or name in _LAZY):
+            return  # the import system binding the CLI submodule: keep the function (or its lazy load)
         super().__setattr__(name, value)
 
 

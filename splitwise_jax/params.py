@@ -143,7 +143,7 @@ RESIDUAL_PHASES = ("prompt", "token")
 class ParamUncertainty:
     """Uncertainty of a calibration (host-side data, not a pytree).
 
-    The fit's free components live in its unconstrained space (`calibrate.fit.BOUNDS`:
+    The fit's free components live in its unconstrained space (`param_space.BOUNDS`:
     log of positive fields, logit of bounded ones): ``"shared:<field>"`` for a shared
     value and ``"<gpu>:<field>"`` for a GPU's deviation from it, so a GPU with a
     deviation runs on raw value shared + deviation, any other GPU on shared alone.

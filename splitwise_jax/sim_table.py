@@ -51,11 +51,14 @@ from __future__ import annotations
 import dataclasses
 from os import PathLike
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # imported where used: pandas is 0.2 s of every command line's start
+    import pandas as pd
 
 from .profiles import SERIES_KEYS, load_profiles, validate_profiles
 
@@ -128,6 +131,7 @@ class SimTable:
             >>> float(prompt_time_s(t, 2048.0))  # doctest: +ELLIPSIS
             0.536...
         """
+        import pandas as pd  # imported here, not at the top (see the top's note)
         if isinstance(df_or_path, pd.DataFrame):
             df = df_or_path if "batch_tokens" in df_or_path.columns else validate_profiles(df_or_path)
         else:
@@ -357,6 +361,7 @@ def interp_baseline_predict(train_df: pd.DataFrame, query_df: pd.DataFrame) -> p
         ValueError: a required column is missing, or a query series has fewer than two
             distinct batch-token counts in the training rows (the message names it).
     """
+    import pandas as pd  # imported here, not at the top (see the top's note)
     keys = list(SERIES_KEYS)
     need_train = keys + ["prompt_size", "batch_size", "prompt_time", "token_time"]
     need_query = keys + ["prompt_size", "batch_size"]

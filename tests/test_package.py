@@ -53,6 +53,57 @@ def test_cli_imported_first_keeps_the_function_too():
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
+def test_simulator_names_load_on_first_use():
+    """The simulator's names (`sj.simulate`, `sj.SimConfig`, ...) load when first read
+    (the package's `__getattr__`), and `sj.simulate` is the function whether or not the
+    `splitwise_jax.simulate` package was imported before."""
+    proc = _run("""
+        import sys, types
+        import splitwise_jax as sj
+        assert "splitwise_jax.simulate" not in sys.modules
+        assert {"simulate", "SimConfig", "RequestTrace", "trace_from_csv", "poisson_trace"} <= set(dir(sj))
+        f = sj.simulate
+        assert isinstance(f, types.FunctionType), type(f)
+        import splitwise_jax.simulate  # the same-named package does not replace it
+        from splitwise_jax.simulate.api import simulate
+        assert sj.simulate is f is simulate
+        from splitwise_jax import SimConfig, poisson_trace
+        from splitwise_jax.simulate.policies import SimConfig as direct
+        assert SimConfig is direct and callable(poisson_trace)
+        try:
+            sj.no_such_name
+        except AttributeError as err:
+            assert "no_such_name" in str(err)
+        else:
+            raise AssertionError("no AttributeError")
+        print("ok")
+    """)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+    proc = _run("""
+        import types
+        import splitwise_jax.simulate
+        import splitwise_jax as sj
+        assert isinstance(sj.simulate, types.FunctionType), type(sj.simulate)
+        print("ok")
+    """)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+def test_model_command_lines_do_not_import_the_table_libraries():
+    """`evaluate` and `optimize` start without pandas, scipy, the simulator or the
+    calibration package: together ~0.3-0.5 s of every run's start on the 2-core machine
+    (docs/speed.md §4, "JAX's import"). They load where used (traces, profiles, tables)."""
+    proc = _run("""
+        import sys
+        import splitwise_jax.evaluate, splitwise_jax.optimize.cli, splitwise_jax.uncertainty
+        loaded = [m for m in ("pandas", "scipy", "splitwise_jax.simulate", "splitwise_jax.calibrate")
+                  if m in sys.modules]
+        print("loaded:", loaded)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "loaded: []" in proc.stdout, proc.stdout
+
+
 def test_other_attributes_are_still_settable():
     """Only protected names holding a function refuse a module; everything else binds."""
     import types

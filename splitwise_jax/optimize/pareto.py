@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # imported where used: pandas is 0.2 s of every command line's start
+    import pandas as pd
 
 from splitwise_jax.cluster import Cluster
 from splitwise_jax.optimize.integer import _box, _cap_values, _spend, max_rates
@@ -281,6 +283,7 @@ def pareto_front(make: Callable[[str], Cluster], designs, workload: Workload, pr
         ...                    coarsen(workload("coding", 70.0), 16, 16), Problem("cost"))  # doctest: +SKIP
         >>> res.front[["design", "cost_per_hour", "provisioned_power_kw"]]  # doctest: +SKIP
     """
+    import pandas as pd  # imported here, not at the top (see the top's note)
     import dataclasses
 
     objectives = parse_objectives(",".join(objectives))
