@@ -131,10 +131,22 @@ def test_step_up_reaches_the_nearest_answer_that_meets_every_limit(wl):
     assert full_resolution_step_up(cluster, wl, short, O.Problem("throughput", power_budget_kw=100.0), CONFIG) is None
 
 
-def test_designs_of_one_kind_share_one_compilation(wl):
+def test_designs_of_one_kind_share_one_compilation(wl, monkeypatch):
     """Splitwise-AA/-HH/-HA/-HHcap differ only in leaves once names are stripped."""
     problem = O.Problem("cost", max_machines=MAX)
-    O.optimize(make_cluster("splitwise-hh", 1, 1), wl, problem, CONFIG)
+    rounds, calls = [], []
+
+    def counted(*args, **kwargs):
+        rounds.append(1)
+        return _al_round(*args, **kwargs)
+
+    counted.prefetch = _al_round.prefetch
+    monkeypatch.setattr("splitwise_jax.optimize.gradient._al_round", counted)
+    O.optimize(make_cluster("splitwise-hh", 1, 1), wl, problem, CONFIG, after_start=lambda: calls.append(len(rounds)))
+    # `after_start` (where the CLI starts loading its full-resolution check's program)
+    # runs once, after the start-point search and before the first gradient round.
+    assert calls == [0] and len(rounds) == CONFIG.rounds
+    monkeypatch.undo()
     before = _al_round._cache_size(), assess_batch._cache_size()
     for d in ("splitwise-aa", "splitwise-ha"):
         O.optimize(make_cluster(d, 1, 1), wl, problem, CONFIG)

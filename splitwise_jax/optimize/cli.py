@@ -261,9 +261,11 @@ def main(argv=None) -> int:
         args.design = best_variant(searched, problem.objective) or designs[0]
         res = searched[args.design]
     else:
-        if args.bins:  # the full-resolution check's program loads while the search runs
-            prefetch_batch(clusters[args.design], wl_full, problem, config.resolution)
-        res = optimize(clusters[args.design], wl, problem, config, progress=progress)
+        # The full-resolution check's program loads during the gradient phase, once the
+        # start-point program has loaded and run (alongside them it slowed both).
+        full_check = (lambda: prefetch_batch(clusters[args.design], wl_full, problem, config.resolution)) \
+            if args.bins else None
+        res = optimize(clusters[args.design], wl, problem, config, progress=progress, after_start=full_check)
     cluster = clusters[args.design]
     opt_wall = time.perf_counter() - t0
     full = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -146,7 +147,8 @@ def prefetch(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
 
 
 def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
-             config: SolverConfig = SolverConfig(), *, progress: bool = False) -> OptimizeResult:
+             config: SolverConfig = SolverConfig(), *, progress: bool = False,
+             after_start: Callable[[], None] | None = None) -> OptimizeResult:
     """Optimise pool sizes (and free caps) of a design by gradient, then repair to integers.
 
     Args:
@@ -157,6 +159,11 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
         problem: objective and constraints.
         config: solver settings.
         progress: show tqdm progress bars (stderr).
+        after_start: called once the start points are found, while the gradient program
+            may still be loading: where a caller starts loading (prefetching) a program it
+            needs after `optimize`, so that it does not compete with the two programs
+            `optimize` needs first (the command line's full-resolution check: docs/speed.md
+            §4, "Where a warm `optimize` waits").
 
     Returns:
         OptimizeResult; `best` is None when no feasible integer configuration lies in the
@@ -180,6 +187,8 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     t0 = time.perf_counter()
     u0, n_evals = _start_points(spec, info, problem, cluster, config)
     timings["start"] = time.perf_counter() - t0
+    if after_start is not None:
+        after_start()
 
     t0 = time.perf_counter()
     u, opt_state, lam, rho = _first_round(u0, config)
