@@ -14,6 +14,17 @@ import jax.numpy as jnp
 _TINY = 1e-30
 
 
+def den_floor(dtype) -> float:
+    """Floor of a denominator in this dtype: 1e-30 in float64, 1e-18 in float32.
+
+    The derivative of n / d with respect to d is -n / d**2, which JAX evaluates even where
+    a floor max(d, eps) holds d constant (its tangent is then zero): 1e-30**-2 overflows
+    float32 to inf, and zero times inf is NaN. 1e-18 keeps d**-2 (1e36) finite there;
+    float64 keeps the smaller floor it always had.
+    """
+    return 1e-30 if jnp.finfo(dtype).bits > 32 else 1e-18
+
+
 def softplus(x, temperature=1.0):
     """temperature * log(1 + exp(x / temperature)): a smooth relu, exact as T -> 0."""
     t = jnp.asarray(temperature)
@@ -44,8 +55,12 @@ def smooth_min_one(x, temperature=0.02):
     return 1.0 - softplus(1.0 - x, temperature)
 
 
-def safe_div(num, den, eps=1e-30):
-    """num / den with den bounded away from zero (both branches stay finite for grad)."""
+def safe_div(num, den, eps=None):
+    """num / den with den bounded away from zero (both branches stay finite for grad);
+    eps defaults to `den_floor` of the result's dtype."""
+    den = jnp.asarray(den)
+    if eps is None:
+        eps = den_floor(jnp.result_type(num, den, float))
     return num / jnp.maximum(den, eps)
 
 

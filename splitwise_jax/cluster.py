@@ -42,7 +42,7 @@ from jax.scipy.stats import norm
 from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax.paper import TABLE_VI_SLO
-from splitwise_jax._smooth import smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
+from splitwise_jax._smooth import den_floor, safe_div, smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.pool import PoolState, interruptions_per_step, pool_state, pool_states
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
@@ -393,7 +393,7 @@ def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
         return norm.cdf((u * demand + m_tok - capacity) / sd)
 
     u = _fixed_point_01(lambda u_: lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn)
-                        / jnp.maximum(demand, 1e-30))
+                        / jnp.maximum(demand, den_floor(demand.dtype)))
     return share(u), u * demand
 
 
@@ -462,7 +462,7 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
         def drafted(x_tot):
             wm = wait_model(lam * (1.0 - x_tot), st_p0.mean_prompt_s, st_p0.scv_prompt, n_pp, ca2, horizon_s)
             want = _drafted_share(wm, st_p0, cls, sched, res)
-            w_d = cls.wp * want / jnp.maximum(jnp.dot(cls.wp, want), 1e-30) + 1e-12 * cls.wp
+            w_d = safe_div(cls.wp * want, jnp.dot(cls.wp, want)) + 1e-12 * cls.wp
             e_s = jnp.dot(w_d, t_alone) / jnp.sum(w_d)
             scv = jnp.maximum(jnp.dot(w_d, t_alone**2) / jnp.sum(w_d) / e_s**2 - 1.0, 0.0)
             wm_t = wait_model(lam * x_tot, e_s, scv, n_dd, ca2, horizon_s)
@@ -503,7 +503,7 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     #    reservations' peak over the horizon, mean plus sd sqrt(2 ln(1 + T / tau)) (tau
     #    the memory-weighted sojourn, the shot noise's correlation time), less the token
     #    pool's memory. At most 4/5 of the prompt pool, so that some is left to draft from.
-    tau = lam * jnp.sum(cls.w * m_tok * sojourn**2) / jnp.maximum(demand, 1e-30)
+    tau = safe_div(lam * jnp.sum(cls.w * m_tok * sojourn**2), demand)
     z_peak = jnp.sqrt(2.0 * jnp.log1p(horizon_s / jnp.maximum(tau, 1e-3)))
     peak = demand + z_peak * jnp.sqrt(var + 1e-12 * capacity**2)
     n_mixed = softplus(peak - capacity, 0.05 * cap_tok_P) / cap_tok_P
@@ -525,9 +525,9 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     def decode_mix(share_km):
         wd = cls.w * share_km
         iters = jnp.sum(wd * cls.iters[None, :])
-        ctx = jnp.sum(wd * cls.iters[None, :] * (cls.p[:, None] + 0.5 * cls.o[None, :])) / jnp.maximum(iters, 1e-30)
+        ctx = safe_div(jnp.sum(wd * cls.iters[None, :] * (cls.p[:, None] + 0.5 * cls.o[None, :])), iters)
         tot = jnp.sum(wd)
-        mean_iters = iters / jnp.maximum(tot, 1e-30)
+        mean_iters = safe_div(iters, tot)
         # A pool with (nearly) no decodes keeps the workload's means: finite, and unused.
         keep = tot > 1e-9
         return (jnp.where(keep, mean_iters, cls.mean_iters), jnp.where(keep, ctx, cls.ctx))
@@ -630,7 +630,10 @@ def _count_mixture(lam):
     tail_2, tail_1, tail = _poisson_tails(lam, exact)
     m1 = lam * tail_1
     m2 = lam**2 * tail_2 + m1
-    ok = tail > 1e-30
+    # The tail's own moments only where tail**2 stays a normal number: the gradient of
+    # m / tail is -m / tail**2, whose square underflows in float32 below ~1e-19 (inf
+    # times a zero cotangent is NaN). Below that the tail weighs < 1e-16 and sits at a.
+    ok = tail > _tail_floor(lam.dtype)
     safe_tail = jnp.where(ok, tail, 1.0)
     mean_t = jnp.where(ok, jnp.maximum(m1 / safe_tail, a), float(a))
     var_t = jnp.where(ok, jnp.maximum(m2 / safe_tail - mean_t**2, 0.0), 0.0)
@@ -638,6 +641,13 @@ def _count_mixture(lam):
     means = jnp.concatenate([jnp.broadcast_to(n, exact.shape), mean_t[None]], axis=0)
     variances = jnp.concatenate([jnp.zeros_like(exact), var_t[None]], axis=0)
     return weights, means, variances
+
+
+def _tail_floor(dtype) -> float:
+    """Smallest lumped tail weight given its own mean and variance: 1e-30 in float64,
+    1e-16 in float32 (1e3 x the square root of the smallest normal number, so that the
+    tail squared, in the gradient of m / tail, stays normal)."""
+    return max(1e-30, 1e3 * float(jnp.finfo(dtype).tiny) ** 0.5)
 
 
 # Below this mean the tail P(N >= _EXACT_COUNTS) is summed as a series (its terms fall
@@ -694,7 +704,7 @@ def _components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixture
         # short decode the residual dominates, for a long one the interruptions).
         mu_1 = -jnp.log1p(-0.95 * jnp.maximum(smooth_min_one(jnp.asarray(dr.first_busy, float)), 0.0))
         lam_all = lam + mu_1
-        share_1 = mu_1 / jnp.maximum(lam_all, 1e-30)
+        share_1 = safe_div(mu_1, lam_all)
         x_mean = st.interf_mean_s + share_1 * (dr.first_wait_s - st.interf_mean_s)
         x_sq = (st.interf_var_s2 + st.interf_mean_s**2
                 + share_1 * (dr.first_wait_s2 - st.interf_var_s2 - st.interf_mean_s**2))
@@ -905,7 +915,7 @@ def _windowed_components(cluster, cls: Classes, lam, prof, flows_at, res: Resolu
         # pool drains, `busy_s`).
         def blend(st):
             rate_flat = flat_w / jnp.maximum(flat.step_s, 1e-9)
-            phi = rate_flat / jnp.maximum(rate_flat + (1.0 - flat_w) / jnp.maximum(st.step_s, 1e-9), 1e-30)
+            phi = safe_div(rate_flat, rate_flat + (1.0 - flat_w) / jnp.maximum(st.step_s, 1e-9))
             return jax.tree_util.tree_map(lambda a, b: (1.0 - phi) * a + phi * b, st, flat)
 
         decodes = tuple(dr._replace(state=blend(dr.state) if on_prompt_machines(dr.state) else dr.state)

@@ -544,3 +544,25 @@ def test_trace_overload_stretch_builds_a_fluid_backlog():
         peak = (rho_b - 1.0) * d
         assert abs(ttft[2] / peak - 1.0) < 0.25, (ttft, peak)
     assert 1.6 < long[2] / short[2] < 2.4
+
+
+def test_count_mixture_gradient_finite_in_float32():
+    """The count mixture's gradient in float32 for every mean from 1e-9 to 50: its
+    lumped tail's moments divide by the tail, whose square underflowed float32 for means
+    1e-7-1e-4 (tails ~1e-25): NaN gradients, which stopped the optimiser in float32
+    (`cluster._tail_floor`). Its weights and means stay within float32 rounding of
+    float64's (1e-5 relative, on the mixture's own mean and second moment)."""
+    from splitwise_jax.cluster import _count_mixture
+
+    def moments(lam):
+        w, m, v = _count_mixture(lam)
+        return jnp.stack([jnp.sum(w * m, axis=0), jnp.sum(w * (v + m * m), axis=0)])
+
+    lam = np.geomspace(1e-9, 50.0, 61)
+    g32 = jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(moments(x[None])))))(jnp.asarray(lam, jnp.float32))
+    assert np.all(np.isfinite(np.asarray(g32))), np.asarray(g32)
+    m32 = np.asarray(moments(jnp.asarray(lam, jnp.float32)), float)
+    m64 = np.asarray(moments(jnp.asarray(lam, jnp.float64)))
+    np.testing.assert_allclose(m32, m64, rtol=1e-5)
+    # Poisson: E[N] = lam and E[N^2] = lam + lam^2, exactly, in float64.
+    np.testing.assert_allclose(m64, np.stack([lam, lam + lam**2]), rtol=1e-12)
