@@ -153,6 +153,32 @@ def test_designs_of_one_kind_share_one_compilation(wl, monkeypatch):
     assert (_al_round._cache_size(), assess_batch._cache_size()) == before
 
 
+def test_a_non_finite_gradient_step_repairs_from_the_last_finite_iterate(wl, monkeypatch):
+    """If a gradient round ever reached a NaN (in float32, before 2026-12-03, the first
+    step did: `_smooth.den_floor`), the repair got NaN pool sizes and failed with "cannot
+    convert float NaN to integer". Now optimize stops the rounds, warns, and repairs from
+    the last finite iterate: a NaN injected into the second round's later steps leaves
+    the answer of the rounds before it."""
+    problem = O.Problem("cost", max_machines=MAX)
+    calls = []
+
+    def broken(*args, **kwargs):
+        u, opt_state, us, gs, fs = _al_round(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            us, u = np.asarray(us).copy(), np.full(np.shape(u), np.nan)
+            us[3:] = np.nan
+        return u, opt_state, us, gs, fs
+
+    broken.prefetch = _al_round.prefetch
+    monkeypatch.setattr("splitwise_jax.optimize.gradient._al_round", broken)
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        res = O.optimize(make_cluster("splitwise-hh", 1, 1), wl, problem, CONFIG)
+    assert len(calls) == 2
+    assert res.best is not None and res.feasible
+    assert np.isfinite(res.continuous["prompt_machines"]) and np.isfinite(res.continuous["token_machines"])
+
+
 @pytest.mark.parametrize("kwargs, word", [
     (dict(objective="speed"), "objective"),
     (dict(objective="cost", power_budget_kw=100.0), "power_budget_kw"),

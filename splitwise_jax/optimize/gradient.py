@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -196,10 +197,24 @@ def optimize(cluster: Cluster, workload: Workload, problem: Problem = Problem(),
     hist_obj, hist_viol = [], []
     prev_viol = np.inf
     total = config.rounds * config.steps_per_round
+    last_finite = (np.asarray(u0, float), None)  # (an iterate, its constraints) to fall back on
     with progress_bar(progress, total=total, desc=f"{cluster.name}: gradient", unit="step") as bar:
         for r in range(config.rounds):
-            u, opt_state, _, gs, fs = _al_round(*_round_args(spec, config, u, opt_state, lam, rho, r))
+            u, opt_state, us, gs, fs = _al_round(*_round_args(spec, config, u, opt_state, lam, rho, r))
             gs = np.asarray(gs)
+            us = np.asarray(us)
+            finite = np.isfinite(us).all(axis=1) & np.isfinite(gs).all(axis=1) & np.isfinite(np.asarray(fs))
+            if finite.any():
+                i = int(np.flatnonzero(finite)[-1])
+                last_finite = (us[i], gs[i])
+            if not finite.all() or not np.isfinite(np.asarray(u)).all():
+                # Never observed in float64 or, since 2026-12-03, float32 (docs/optimize.md);
+                # a NaN would otherwise surface as an unrelated error in the repair.
+                warnings.warn(f"{cluster.name}: the gradient phase reached a non-finite point in round {r}; "
+                              "repairing from the last finite iterate", RuntimeWarning, stacklevel=2)
+                u, g_last = last_finite
+                gs = np.full((1, len(CONSTRAINT_NAMES)), np.nan) if g_last is None else g_last[None]
+                break
             viols = np.max(np.where(mask > 0, np.maximum(-gs, 0.0), 0.0), axis=1)
             # f is log cost, log power or -log rate: back to the objective's own units.
             fs = np.exp(-np.asarray(fs) if problem.objective == "throughput" else np.asarray(fs))
