@@ -1,6 +1,7 @@
 """Numerics of `evaluate` end to end: the float32 path users get from the quick start
-(JAX's default precision) against float64, and reverse-mode gradients with respect to
-pool sizes, caps, KV bandwidth and rate against finite differences (`check_grads`).
+(JAX's default precision) against float64, with finite values and gradients, and
+reverse-mode gradients with respect to pool sizes, caps, KV bandwidth and rate against
+finite differences (`check_grads`).
 
 tests/conftest.py turns float64 on for the whole session, so the float32 run happens in
 a fresh interpreter (a subprocess) that never enables it.
@@ -26,12 +27,21 @@ from splitwise_jax.cluster import Resolution
 
 ROOT = Path(__file__).resolve().parent.parent
 RES = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4)
-# (design, prompt machines, token machines, rate): light, moderate and overloaded points.
-POINTS = [("splitwise-hh", 26.0, 4.0, 70.0), ("splitwise-hh", 12.0, 3.0, 70.0), ("splitwise-hh", 26.0, 4.0, 20.0)]
+# (design, prompt machines, token machines, rate): light, moderate and overloaded points,
+# then nearly idle pools, where float32 once gave NaN values and gradients (a drafted
+# share or a count tail near 1e-38, divided by a 1e-30 floor whose inverse square
+# overflows float32: `_smooth.den_floor`). The last three came from a random search over
+# the property tests' domain in float32 (2026-12-03), the fourth is the optimiser's start
+# point for Fig. 12 (32 + 8 machines).
+POINTS = [("splitwise-hh", 26.0, 4.0, 70.0), ("splitwise-hh", 12.0, 3.0, 70.0), ("splitwise-hh", 26.0, 4.0, 20.0),
+          ("splitwise-hh", 32.0, 8.0, 70.0), ("splitwise-hh", 178.3, 10.3, 1.58), ("splitwise-hh", 4.75, 47.7, 0.042),
+          ("splitwise-hh", 36.6, 16.7, 0.18)]
 METRICS = ("ttft_s", "tbt_s", "e2e_s", "throughput_rps", "power_kw", "cost_per_hour", "memory_pressure")
 
 # The same program in both precisions: evaluate, vmapped over the points' pool sizes and
-# rates, on the coding workload coarsened to 8 x 8 classes.
+# rates, on each workload coarsened to 8 x 8 classes (one program: the workload is an
+# argument). In float32 it also takes the gradient of the log latencies, throughput and
+# power with respect to (prompt machines, token machines, rate).
 _PROGRAM = textwrap.dedent("""
     import json, sys
     import jax, jax.numpy as jnp, numpy as np
@@ -40,20 +50,33 @@ _PROGRAM = textwrap.dedent("""
     RES = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4)
     POINTS = json.loads(sys.argv[1])
     METRICS = json.loads(sys.argv[2])
-    wl = sj.coarsen(sj.load_workload("coding", 1.0), 8, 8)
+    GRAD = sys.argv[3] == "grad"
     c = sj.make_cluster(POINTS[0][0], 1.0, 1.0)
-    def one(n_p, n_t, rate):
-        return sj.evaluate(c.replace(n_prompt=n_p, n_token=n_t), wl.with_rate(rate), resolution=RES)
-    cols = [jnp.asarray([p[i] for p in POINTS]) for i in (1, 2, 3)]
-    m = jax.jit(jax.vmap(one))(*cols)
-    print(json.dumps({"dtype": str(m.ttft_s.dtype),
-                      **{k: np.asarray(getattr(m, k), dtype=np.float64).tolist() for k in METRICS}}))
+    def one(wl, x):
+        m = sj.evaluate(c.replace(n_prompt=x[0], n_token=x[1]), wl.with_rate(x[2]), resolution=RES)
+        logs = jnp.log(jnp.concatenate([m.ttft_s, m.tbt_s, m.e2e_s, m.throughput_rps[None], m.power_kw[None]]))
+        return jnp.sum(logs), m
+    def batch(wl, xs):
+        if GRAD:
+            (_, m), g = jax.vmap(jax.value_and_grad(lambda x: one(wl, x), has_aux=True))(xs)
+            return m, g
+        return jax.vmap(lambda x: one(wl, x)[1])(xs), None
+    xs = jnp.asarray([p[1:] for p in POINTS])
+    run = jax.jit(batch)
+    out = {}
+    for name in ("coding", "conversation"):
+        m, g = run(sj.coarsen(sj.load_workload(name, 1.0), 8, 8), xs)
+        out[name] = {"dtype": str(m.ttft_s.dtype),
+                     **{k: np.asarray(getattr(m, k), dtype=np.float64).tolist() for k in METRICS},
+                     "grad": None if g is None else np.asarray(g, dtype=np.float64).tolist()}
+    print(json.dumps(out))
 """)
 
 
 def _run(x64: bool) -> dict:
     code = _PROGRAM if not x64 else "import jax; jax.config.update('jax_enable_x64', True)\n" + _PROGRAM
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(POINTS), json.dumps(METRICS)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(POINTS), json.dumps(METRICS),
+                           "value" if x64 else "grad"], cwd=ROOT,
                           capture_output=True, text=True, timeout=1800, env={k: v for k, v in _env().items()})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -72,10 +95,16 @@ def float32_run() -> dict:
     return _run(x64=False)
 
 
-def test_float32_evaluate_is_finite(float32_run):
-    assert float32_run["dtype"] == "float32"
+@pytest.mark.parametrize("workload", ["coding", "conversation"])
+def test_float32_evaluate_is_finite(float32_run, workload):
+    """Every metric and the gradient of the log metrics finite in float32, nearly idle
+    pools included (before `_smooth.den_floor` the last three points gave NaN on
+    conversation and NaN gradients on coding)."""
+    run = float32_run[workload]
+    assert run["dtype"] == "float32"
     for k in METRICS:
-        assert np.all(np.isfinite(np.asarray(float32_run[k]))), k
+        assert np.all(np.isfinite(np.asarray(run[k]))), (k, np.asarray(run[k]))
+    assert np.all(np.isfinite(np.asarray(run["grad"]))), np.asarray(run["grad"])
 
 
 def test_float32_is_close_to_float64(float32_run):
@@ -87,9 +116,21 @@ def test_float32_is_close_to_float64(float32_run):
     hundred near steep CDFs, which leaves 1e-4 typical, 1e-3 worst (measured below
     that at these points)."""
     f64 = _run(x64=True)
-    assert f64["dtype"] == "float64"
-    for k in METRICS:
-        np.testing.assert_allclose(np.asarray(float32_run[k]), np.asarray(f64[k]), rtol=1e-3, atol=1e-9, err_msg=k)
+    for name, run in f64.items():
+        assert run["dtype"] == "float64"
+        for k in METRICS:
+            a, b = np.asarray(float32_run[name][k]), np.asarray(run[k])
+            for i in range(len(POINTS)):
+                rtol = _ILL_CONDITIONED.get((name, i, k), 1e-3)
+                np.testing.assert_allclose(a[i], b[i], rtol=rtol, atol=1e-9, err_msg=f"{name}, {POINTS[i]}: {k}")
+
+
+# Where a percentile is ill-conditioned, float32's rounding of the CDF moves it further.
+# Conversation on 12 + 3 machines at 70 req/s is deep overload (E2E P50 ~23 s, P90 ~71 s):
+# there the float64 E2E CDF rises by only 3.3e-4 between the float64 and float32 P50
+# (22.74 and 22.89 s, dF/dlog t ~ 0.05; measured 2026-12-03), so a float32 error of a
+# few 1e-4 in F moves the time by 0.6 %: 1e-2 for that metric at that point.
+_ILL_CONDITIONED = {("conversation", 1, "e2e_s"): 1e-2}
 
 
 # --------------------------------------------------------------------------------------
