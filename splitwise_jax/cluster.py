@@ -42,7 +42,7 @@ from jax.scipy.stats import norm
 from splitwise_jax import kv_transfer, memory, power
 from splitwise_jax.batch import Batch
 from splitwise_jax.paper import TABLE_VI_SLO
-from splitwise_jax._smooth import den_floor, safe_div, smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
+from splitwise_jax._smooth import safe_div, smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.pool import PoolState, interruptions_per_step, pool_state, pool_states
 from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
@@ -392,8 +392,7 @@ def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
     def share(u):
         return norm.cdf((u * demand + m_tok - capacity) / sd)
 
-    u = _fixed_point_01(lambda u_: lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn)
-                        / jnp.maximum(demand, den_floor(demand.dtype)))
+    u = _fixed_point_01(lambda u_: safe_div(lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn), demand))
     return share(u), u * demand
 
 
