@@ -178,6 +178,15 @@ def _llm_from_architecture(name, *, vocab_size, tied_embeddings=False, qkv_bias=
 # ships fp8 weights). Hyper-parameters from each model's published config.json / paper
 # (llm.py docstring); tests/fixtures/hf_configs holds the same facts as config.json files
 # and tests/test_hf_config.py checks the two transcriptions agree.
+# The Llama-2 family and Code Llama 34B, as published (config.json of each checkpoint;
+# Llama-2 ships fp16, Code Llama bf16): the models of the public serving benchmarks
+# (splitwise_jax.serving). Llama-2-70B is the paper's entry above.
+register_llm(_llm_from_architecture("llama2-7b", vocab_size=32000, weight_dtype="fp16", kv_dtype="fp16",
+                                    n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008))
+register_llm(_llm_from_architecture("llama2-13b", vocab_size=32000, weight_dtype="fp16", kv_dtype="fp16",
+                                    n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824))
+register_llm(_llm_from_architecture("codellama-34b", vocab_size=32000, n_layers=48, d_model=8192, n_heads=64,
+                                    n_kv_heads=8, d_ff=22016))
 register_llm(_llm_from_architecture("llama3.1-8b", vocab_size=128256, n_layers=32, d_model=4096, n_heads=32,
                                     n_kv_heads=8, d_ff=14336))
 register_llm(_llm_from_architecture("llama3.1-70b", vocab_size=128256, n_layers=80, d_model=8192, n_heads=64,

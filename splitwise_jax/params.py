@@ -259,6 +259,9 @@ class ParamsFile(NamedTuple):
     per_gpu: dict[str, dict[str, float]]
     meta: dict
     uncertainty: ParamUncertainty | None = None
+    #: serving-engine parameters (`splitwise_jax.serving.engine.EngineParams` fields) of a
+    #: stack fitted to serving benchmarks; empty for a stack fitted to iteration profiles.
+    engine: dict = {}
 
 
 def read_params_file(path: str | Path) -> ParamsFile:
@@ -289,10 +292,14 @@ def _read(path: str, _mtime_ns: int, _size: int) -> ParamsFile:
     if not isinstance(data, dict) or not isinstance(data.get("shared"), dict):
         raise ValueError(f"params file {p} must be a JSON object with a 'shared' object of PhaseParams fields, "
                          'e.g. {"shared": {"mfu_max": 0.6}, "per_gpu": {}, "meta": {}}')
-    unknown = set(data) - {"shared", "per_gpu", "meta", "uncertainty"}
+    unknown = set(data) - {"shared", "per_gpu", "meta", "uncertainty", "engine"}
     if unknown:
         raise ValueError(f"params file {p}: unknown keys {sorted(unknown)}; accepted: shared, per_gpu, meta, "
-                         "uncertainty")
+                         "uncertainty, engine")
+    engine = data.get("engine") or {}
+    if not isinstance(engine, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and math.isfinite(v) and v >= 0 for v in engine.values()):
+        raise ValueError(f"params file {p}: 'engine' must map engine-parameter names to finite numbers >= 0")
     try:
         shared = PhaseParams.from_dict(data["shared"])
     except ValueError as e:
@@ -315,13 +322,16 @@ def _read(path: str, _mtime_ns: int, _size: int) -> ParamsFile:
         except ValueError as e:
             raise ValueError(f"params file {p}: {e}") from None
     return ParamsFile(shared, {k: {f: float(x) for f, x in v.items()} for k, v in per_gpu.items()}, dict(meta),
-                      uncertainty)
+                      uncertainty, {k: float(v) for k, v in engine.items()})
 
 
 def write_params_file(path: str | Path, shared: PhaseParams, per_gpu: dict[str, dict] | None = None,
-                      meta: dict | None = None, uncertainty: ParamUncertainty | None = None) -> None:
+                      meta: dict | None = None, uncertainty: ParamUncertainty | None = None,
+                      engine: dict | None = None) -> None:
     """Write a params file (the one writer of the format; `read_params_file` reads it)."""
     data = {"shared": shared.to_dict(), "per_gpu": per_gpu or {}, "meta": meta or {}}
+    if engine:
+        data["engine"] = {k: float(v) for k, v in engine.items()}
     if uncertainty is not None:
         data["uncertainty"] = uncertainty.to_dict()
     Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -331,6 +341,44 @@ def params_for_gpu(content: ParamsFile, gpu_name: str | None) -> PhaseParams:
     """The parameters one GPU runs on: its overrides if any, else the shared values."""
     override = content.per_gpu.get(gpu_name) if gpu_name is not None else None
     return PhaseParams.from_dict(override, base=content.shared) if override else content.shared
+
+
+#: Named parameter stacks that ship with the package: name -> (file, what it is).
+STACKS = {
+    "paper-2023": (FITTED_PARAMS_FILE, "fit to the 2023 iteration profiles of SplitwiseSim (A100/H100, "
+                                       "BLOOM-176B and Llama2-70B): what reproduces the paper"),
+    "vllm-2026": (PACKAGE_DATA / "stacks" / "vllm-2026.json",
+                  "fit through the serving-engine model to public vLLM benchmarks on H100 SXM (2026; "
+                  "inference-sim/training, measured with inference-perf)"),
+}
+DEFAULT_STACK = "paper-2023"
+
+
+def resolve_params(name_or_path: str | Path | None) -> Path:
+    """The file of a named stack (`STACKS`) or a params file's path; None -> the default stack.
+
+    Raises:
+        ValueError: neither a stack name nor an existing file; the message lists the names.
+    """
+    if name_or_path is None:
+        return STACKS[DEFAULT_STACK][0]
+    key = str(name_or_path)
+    if key in STACKS:
+        return STACKS[key][0]
+    p = Path(key)
+    if not p.is_file():
+        raise ValueError(f"--params {key!r} is neither a stack name ({', '.join(sorted(STACKS))}) nor an existing "
+                         "params file")
+    return p
+
+
+def stack_name(path: str | Path) -> str | None:
+    """The stack name of a params file path, or None for a user's file."""
+    rp = Path(path).resolve()
+    for name, (f, _) in STACKS.items():
+        if Path(f).resolve() == rp:
+            return name
+    return None
 
 
 def load_params(gpu_name: str | None = None, path: str | Path | None = None) -> PhaseParams:

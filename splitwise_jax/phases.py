@@ -259,6 +259,33 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
     tp = resolve_tp(machine, tp)
     gpu = machine.gpu
     check_cap_frac(gpu, cap_frac)
+    compute, memory, comm, fixed, comm_transfer = _components(params, machine, llm, batch, tp)
+    full_clock = _time_at_clock(params, compute, memory, comm, fixed, 0.0)
+    u_compute = compute / full_clock
+    u_memory = memory / full_clock
+    # all-reduce transfers draw power too (reduction kernels, NVLink): p_comm_frac of TDP - idle
+    demand = (_power.power_demand_w(params, gpu, u_compute, u_memory)
+              + (gpu.tdp_w - gpu.idle_w) * params.p_comm_frac * comm_transfer / full_clock)
+    clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, comm_transfer, cap_frac)
+    power = _power.capped_power_w(gpu, demand, cap_frac)
+    return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power, comm_transfer)
+
+
+def iteration_time_s(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, tp: int | None = None):
+    """Iteration time at full clock (s): `iteration(...).latency_s` without a power cap.
+
+    The same time components joined the same way, without the capped-clock solve and the
+    power terms (an uncapped GPU runs at full clock: the capped solve returns f = 1 up to
+    its smooth min's temperature). For models that never cap the GPU and evaluate many
+    iterations (the serving engine's fixed points), at a fraction of the cost.
+    """
+    tp = resolve_tp(machine, tp)
+    return _time_at_clock(params, *_components(params, machine, llm, batch, tp)[:4], 0.0)
+
+
+def _components(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, tp: int):
+    """(compute, memory, comm, fixed, comm_transfer) times of one iteration at full clock (s)."""
+    gpu = machine.gpu
     for f in ("prompt_tokens", "prompt_seqs", "prompt_sq_tokens", "decode_seqs", "decode_ctx_tokens"):
         check_positive(f"batch.{f}", getattr(batch, f), allow_zero=True, unit="(count)")
     L, d = llm.n_layers, llm.d_model
@@ -293,16 +320,7 @@ def iteration(params: PhaseParams, machine: Machine, llm: LLM, batch: Batch, *, 
               + jnp.asarray(batch.decode_seqs) * params.t_decode_seq_s
               + jnp.asarray(batch.decode_ctx_tokens) * params.t_ctx_token_s)
              * safe_pow(FIXED_COST_REF_BW_BYTES_PER_S / bw, params.fixed_bw_exponent))
-
-    full_clock = _time_at_clock(params, compute, memory, comm, fixed, 0.0)
-    u_compute = compute / full_clock
-    u_memory = memory / full_clock
-    # all-reduce transfers draw power too (reduction kernels, NVLink): p_comm_frac of TDP - idle
-    demand = (_power.power_demand_w(params, gpu, u_compute, u_memory)
-              + (gpu.tdp_w - gpu.idle_w) * params.p_comm_frac * comm_transfer / full_clock)
-    clock, latency = _capped_clock(params, gpu, compute, memory, comm, fixed, comm_transfer, cap_frac)
-    power = _power.capped_power_w(gpu, demand, cap_frac)
-    return IterationBreakdown(compute, memory, comm, fixed, clock, latency, demand, power, comm_transfer)
+    return compute, memory, comm, fixed, comm_transfer
 
 
 def prompt_latency_s(params: PhaseParams, machine: Machine, llm: LLM, prompt_size, batch_size=1.0, *,

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--benchmarks" or a.startswith("--benchmarks=") for a in argv):
+        from splitwise_jax.serving.cli import calibrate_main  # serving benchmarks, not iteration profiles
+        return calibrate_main(argv)
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     from splitwise_jax.profiles import load_profiles
@@ -100,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(2 if args.quick and args.seeds == 5 else args.seeds)
     config = FitConfig(steps=steps)
     progress = not args.no_progress
-    command = "python -m splitwise_jax.calibrate" + ("" if argv is None and len(sys.argv) <= 1 else
-                                                     " " + shlex.join(sys.argv[1:] if argv is None else argv))
+    command = "python -m splitwise_jax.calibrate" + ("" if not argv else " " + shlex.join(argv))
 
     medians = profile_medians(rows)
     flags = flag_outliers(medians)
