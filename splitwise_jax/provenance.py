@@ -78,6 +78,8 @@ class Provenance(NamedTuple):
     expected_token_mape_capped_pct: float
     basis: str
     notes: tuple[str, ...] = ()
+    #: the parameter stack: a shipped stack's name (`params.STACKS`) or the file's path
+    stack: str = "paper-2023"
 
     @property
     def label(self) -> str:
@@ -171,23 +173,65 @@ def provenance(gpu: GPU | str, llm: LLM | None = None, path: str | Path | None =
     """
     g = _gpu(gpu)
     notes = _notes(llm)
+    stack = _stack_label(path)
+    serving = _serving_stack(path)
+    if serving is not None:
+        return _serving_provenance(g, serving, notes, stack)
     calibrated = calibrated_gpus(path)
     if not calibrated:
         nan = math.nan
         if load_params(None, path) == PRIOR:
             return Provenance(g.name, "prior", None, nan, nan, nan, nan, "no fitted parameters: physical prior",
-                              notes)
+                              notes, stack)
         return Provenance(g.name, "shared", None, nan, nan, nan, nan,
-                          "the params file's shared values; it fits no GPU of its own", notes)
+                          "the params file's shared values; it fits no GPU of its own", notes, stack)
     capped = _mape("random" if g.name in calibrated else "spec_transfer", _CAPPED_HARDWARE)
     if g.name in calibrated:
         own = _mape("random", g.name)
         return Provenance(g.name, "calibrated", g.name, *own, *capped,
-                          f"split (a) held-out rows of {g.name}; capped: of {_CAPPED_HARDWARE}", notes)
+                          f"split (a) held-out rows of {g.name}; capped: of {_CAPPED_HARDWARE}", notes, stack)
     src = nearest_calibrated_gpu(g, path)
     transfer = _mape("spec_transfer", "h100-80gb")
     return Provenance(g.name, "transferred", src, *transfer, *capped,
-                      "split (c) spec transfer A100 -> H100 (uncapped rows; capped: h100-80gb-pcap)", notes)
+                      "split (c) spec transfer A100 -> H100 (uncapped rows; capped: h100-80gb-pcap)", notes, stack)
+
+
+def _stack_label(path) -> str:
+    from splitwise_jax.params import FITTED_PARAMS_FILE, stack_name
+
+    p = FITTED_PARAMS_FILE if path is None else Path(path)
+    return stack_name(p) or str(p)
+
+
+def _serving_stack(path):
+    """The params file's content when it is a stack fitted to serving benchmarks, else None."""
+    from splitwise_jax.params import FITTED_PARAMS_FILE, read_params_file
+
+    p = FITTED_PARAMS_FILE if path is None else Path(path)
+    if not p.exists():
+        return None
+    content = read_params_file(p)
+    return content if content.meta.get("kind") == "serving-benchmarks" else None
+
+
+def _serving_provenance(g: GPU, content, notes, stack: str) -> Provenance:
+    """A serving-benchmark stack: its GPU is calibrated, with the stack's own
+    leave-one-model-out errors as the expectation (TTFT P50 for prompts, TPOT P50 for
+    decode: the benchmark's percentiles, not iteration times); any other GPU runs on its
+    values through its own spec sheet, and the only measurement of such a transfer is the
+    2023 stack's split (c)."""
+    fitted = str(content.meta.get("gpu", ""))
+    exp = content.meta.get("expected_error_pct", {})
+    nan = math.nan
+    if g.name == fitted:
+        return Provenance(g.name, "calibrated", g.name, float(exp.get("ttft p50", nan)),
+                          float(exp.get("tpot p50", nan)), nan, nan,
+                          f"stack {stack}: leave-one-model-out over its serving benchmarks (TTFT P50 and TPOT P50 "
+                          "of a model never fitted)", notes, stack)
+    transfer = _mape("spec_transfer", "h100-80gb")
+    return Provenance(g.name, "transferred", fitted or None, *transfer, nan, nan,
+                      f"stack {stack} on this GPU's spec sheet; expected error from the paper-2023 stack's split (c) "
+                      "spec transfer A100 -> H100, the only measured transfer", notes, stack)
 
 
 def params_for(gpu: GPU | str, llm: LLM | None = None, path: str | Path | None = None

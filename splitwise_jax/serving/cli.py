@@ -162,7 +162,12 @@ def calibrate_main(argv: list[str]) -> int:
         meta["expected_error_pct"] = leave_one_model_out(table, steps=args.steps, start_phase=base, extra=extra,
                                                          progress=not args.no_progress)["summary"]
         meta["expected_error_from"] = "leave-one-model-out over the fitted rows (median |relative error|, %)"
-    write_params_file(out, fit.phase, {}, meta, engine=fit.engine.to_dict())
+    # the cluster model (evaluate, optimize) runs the phase model's ring all-reduce of
+    # 2 (tp - 1) steps; its step latency is set so that a call on an 8-GPU machine (the
+    # designs' one instance per machine) takes the fitted per-call latency
+    shared = fit.phase.replace(allreduce_latency_s=fit.engine.allreduce_call_s / 14.0)
+    meta["allreduce_latency_s_is"] = "allreduce_call_s / 14: one call of the fitted latency at TP 8"
+    write_params_file(out, shared, {}, meta, engine=fit.engine.to_dict())
     read_params_file(out)  # the one reader accepts what was written
     print(f"fitted {len(table)} stages of {', '.join(meta['models'])} on {gpus[0]} in {fit.seconds:.1f} s "
           f"(loss {fit.loss_first:.3g} -> {fit.loss_last:.3g}){'; at bounds: ' + ', '.join(fit.at_bounds) if fit.at_bounds else ''}")
