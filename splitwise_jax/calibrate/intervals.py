@@ -24,8 +24,8 @@ import pandas as pd
 
 from splitwise_jax.calibrate.fit import _from_raw, _params_of, _to_raw
 from splitwise_jax.calibrate.rows import _bucket, gpu_of_hardware, predict_frame, predict_rows
-from splitwise_jax.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
-from splitwise_jax.profiles import SERIES_KEYS
+from splitwise_jax.specs.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
+from splitwise_jax.phases.profiles import SERIES_KEYS
 
 _PHASES = ("prompt", "token")
 
