@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from splitwise_jax.cli import _cli
-from splitwise_jax.calibrate.errors import error_table, markdown_tables, summary_table
+from splitwise_jax.calibrate.errors import coverage_markdown, error_table, markdown_tables, summary_table
 from splitwise_jax.calibrate.fit import FitConfig, Fitted, fit, outlier_ids, power_outliers
-from splitwise_jax.calibrate.intervals import coverage_markdown, coverage_table, unseen_gpu_sd
+from splitwise_jax.calibrate.intervals import coverage_table, unseen_gpu_sd
 from splitwise_jax.calibrate.laplace import laplace
 from splitwise_jax.calibrate.report import plot_predicted_vs_measured, report_text
 from splitwise_jax.calibrate.splits import SPLITS, evaluate_split

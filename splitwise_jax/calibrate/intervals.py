@@ -128,17 +128,6 @@ def coverage_table(predictions: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["split", "phase", "level", "n", "covered"])
 
 
-def coverage_markdown(table: pd.DataFrame) -> str:
-    """The coverage table as markdown (one row per split and phase)."""
-    from splitwise_jax.calibrate.splits import SPLIT_LABELS
-
-    lines = ["| split | phase | level | n | covered |", "|---|---|---:|---:|---:|"]
-    for _, r in table.iterrows():
-        lines.append(f"| {SPLIT_LABELS.get(r['split'], r['split'])} | {r['phase']} | {r['level']:.0%} | {r['n']} | "
-                     f"{r['covered']:.1%} |")
-    return "\n".join(lines)
-
-
 def unseen_gpu_sd(predictions: pd.DataFrame) -> dict:
     """Log-normal s.d. of the spec-transfer split's held-out errors per phase (the
     scatter to expect on a GPU without profiles), {} without that split."""
