@@ -24,9 +24,9 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from splitwise_jax.cluster import Resolution, evaluate  # noqa: E402
-from splitwise_jax.designs import make_cluster  # noqa: E402
-from splitwise_jax.workload import workload  # noqa: E402
+from splitwise_jax.cluster.cluster import Resolution, evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
+from splitwise_jax.cluster.workload import workload  # noqa: E402
 
 RES = Resolution(**json.loads(os.environ.get("RES", "{}")))
 CASES = [("coding", 70.0, "splitwise-hh", 30.0, 5.0), ("conversation", 60.0, "splitwise-ha", 20.0, 8.0),

@@ -36,13 +36,13 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from splitwise_jax.cluster import Resolution  # noqa: E402
+from splitwise_jax.cluster.cluster import Resolution  # noqa: E402
 from splitwise_jax.optimize import gradient, spec as S  # noqa: E402
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Problem  # noqa: E402
-from splitwise_jax.cluster import evaluate  # noqa: E402
-from splitwise_jax.designs import make_cluster  # noqa: E402
+from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.sweep import sweep  # noqa: E402
-from splitwise_jax.workload import coarsen, workload  # noqa: E402
+from splitwise_jax.cluster.workload import coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 

@@ -44,10 +44,10 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from splitwise_jax.cluster import Resolution, evaluate  # noqa: E402
-from splitwise_jax.designs import make_cluster  # noqa: E402
+from splitwise_jax.cluster.cluster import Resolution, evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.sweep import sweep  # noqa: E402
-from splitwise_jax.workload import workload  # noqa: E402
+from splitwise_jax.cluster.workload import workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 MAX_MACHINES = 39  # Fig. 12's axes: 1..39 prompt and token machines
@@ -59,9 +59,9 @@ _WORKER = """
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
-from splitwise_jax.cluster import evaluate
-from splitwise_jax.designs import make_cluster
-from splitwise_jax.workload import workload
+from splitwise_jax.cluster.cluster import evaluate
+from splitwise_jax.cluster.designs import make_cluster
+from splitwise_jax.cluster.workload import workload
 rate, counts, out = float(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 cluster, wl = make_cluster("splitwise-hh", 1.0, 1.0), workload("coding", rate)
 rows = jnp.asarray([[p, t] for p in counts for t in counts], float)

@@ -38,11 +38,11 @@ def measure(design: str = "splitwise-hh") -> dict:
     import numpy as np
 
     jax.config.update("jax_enable_x64", True)
-    from splitwise_jax.cluster import Resolution
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.cluster import Resolution
+    from splitwise_jax.cluster.designs import make_cluster
     from splitwise_jax.optimize import spec as S
     from splitwise_jax.optimize.problem import Problem
-    from splitwise_jax.workload import coarsen, workload
+    from splitwise_jax.cluster.workload import coarsen, workload
 
     spec, _ = S.make_spec(make_cluster(design, 1, 1), coarsen(workload("coding", 70.0), 16, 16), Problem())
     res = Resolution()

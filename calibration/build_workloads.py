@@ -26,7 +26,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from splitwise_jax._paths import azure_trace_csv  # noqa: E402
-from splitwise_jax.workload import _PRESET_DIR, Workload, load_trace  # noqa: E402
+from splitwise_jax.cluster.workload import _PRESET_DIR, Workload, load_trace  # noqa: E402
 
 SOURCE = (
     "Azure LLM inference trace 2023 (github Azure/AzurePublicDataset, {file}), CC-BY 4.0; "
@@ -47,7 +47,7 @@ def build(preset: str) -> dict:
         "name": preset,
         "source": SOURCE.format(file=path.name),
         "binning": "quantile bins of consecutive ranks, support point = bin mean "
-        "(splitwise_jax.workload.Workload.from_samples, default bins)",
+        "(splitwise_jax.cluster.workload.Workload.from_samples, default bins)",
         "prompt_tokens": np.asarray(joint.prompt_tokens).tolist(),
         "output_tokens": np.asarray(joint.output_tokens).tolist(),
         "prompt_weights": np.asarray(joint.prompt_weights).tolist(),

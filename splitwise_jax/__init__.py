@@ -10,42 +10,42 @@ References:
     Splitting", ISCA 2024, arXiv 2311.18677.
 """
 
-from splitwise_jax.batch import Batch as Batch
-from splitwise_jax.catalog import get_gpu as get_gpu
-from splitwise_jax.catalog import get_llm as get_llm
-from splitwise_jax.catalog import get_machine as get_machine
-from splitwise_jax.catalog import load_specs as load_specs
-from splitwise_jax.cluster import Cluster as Cluster
-from splitwise_jax.cluster import ClusterMetrics as ClusterMetrics
-from splitwise_jax.cluster import Resolution as Resolution
-from splitwise_jax.cluster import Scheduling as Scheduling
-from splitwise_jax.cluster import Transfer as Transfer
-from splitwise_jax.cluster import evaluate as evaluate
-from splitwise_jax.chunked import ChunkedScheduling as ChunkedScheduling
-from splitwise_jax.designs import DESIGNS as DESIGNS
-from splitwise_jax.designs import PRESETS as PRESETS
-from splitwise_jax.designs import Design as Design
-from splitwise_jax.designs import Pool as Pool
-from splitwise_jax.designs import build_cluster as build_cluster
-from splitwise_jax.designs import make_cluster as make_cluster
-from splitwise_jax.designs import make_timing as make_timing
-from splitwise_jax.hardware import GPU as GPU
-from splitwise_jax.hardware import Machine as Machine
-from splitwise_jax.llm import LLM as LLM
-from splitwise_jax.paper import PAPER_SLO as PAPER_SLO
-from splitwise_jax.params import PhaseParams as PhaseParams
-from splitwise_jax.params import default_params as default_params
-from splitwise_jax.phases import mean_token_latency_s as mean_token_latency_s
-from splitwise_jax.phases import mixed_latency_s as mixed_latency_s
-from splitwise_jax.phases import prompt_latency_s as prompt_latency_s
-from splitwise_jax.phases import token_latency_s as token_latency_s
-from splitwise_jax.workload import Workload as Workload
-from splitwise_jax.workload import coarsen as coarsen
-from splitwise_jax.workload import load_trace as load_trace
+from splitwise_jax.specs.batch import Batch as Batch
+from splitwise_jax.specs.catalog import get_gpu as get_gpu
+from splitwise_jax.specs.catalog import get_llm as get_llm
+from splitwise_jax.specs.catalog import get_machine as get_machine
+from splitwise_jax.specs.catalog import load_specs as load_specs
+from splitwise_jax.cluster.cluster import Cluster as Cluster
+from splitwise_jax.cluster.cluster import ClusterMetrics as ClusterMetrics
+from splitwise_jax.cluster.cluster import Resolution as Resolution
+from splitwise_jax.cluster.cluster import Scheduling as Scheduling
+from splitwise_jax.cluster.cluster import Transfer as Transfer
+from splitwise_jax.cluster.cluster import evaluate as evaluate
+from splitwise_jax.cluster.chunked import ChunkedScheduling as ChunkedScheduling
+from splitwise_jax.cluster.designs import DESIGNS as DESIGNS
+from splitwise_jax.cluster.designs import PRESETS as PRESETS
+from splitwise_jax.cluster.designs import Design as Design
+from splitwise_jax.cluster.designs import Pool as Pool
+from splitwise_jax.cluster.designs import build_cluster as build_cluster
+from splitwise_jax.cluster.designs import make_cluster as make_cluster
+from splitwise_jax.cluster.designs import make_timing as make_timing
+from splitwise_jax.specs.hardware import GPU as GPU
+from splitwise_jax.specs.hardware import Machine as Machine
+from splitwise_jax.specs.llm import LLM as LLM
+from splitwise_jax.specs.paper import PAPER_SLO as PAPER_SLO
+from splitwise_jax.phases.params import PhaseParams as PhaseParams
+from splitwise_jax.phases.params import default_params as default_params
+from splitwise_jax.phases.phases import mean_token_latency_s as mean_token_latency_s
+from splitwise_jax.phases.phases import mixed_latency_s as mixed_latency_s
+from splitwise_jax.phases.phases import prompt_latency_s as prompt_latency_s
+from splitwise_jax.phases.phases import token_latency_s as token_latency_s
+from splitwise_jax.cluster.workload import Workload as Workload
+from splitwise_jax.cluster.workload import coarsen as coarsen
+from splitwise_jax.cluster.workload import load_trace as load_trace
 
 # `workload` (the preset/trace loader) shares its name with the module; expose it as
-# `load_workload` so `splitwise_jax.workload` stays the module.
-from splitwise_jax.workload import workload as load_workload  # noqa: E402
+# `load_workload` so `splitwise_jax.cluster.workload` stays the module.
+from splitwise_jax.cluster.workload import workload as load_workload  # noqa: E402
 
 __version__ = "0.1.0"
 

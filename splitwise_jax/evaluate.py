@@ -1,179 +1,18 @@
 """`python -m splitwise_jax.evaluate`: predict one cluster's latency, SLOs, power and cost.
 
-Examples:
-    python -m splitwise_jax.evaluate --design splitwise-hh --prompt-machines 27 \
-        --token-machines 3 --workload coding --rate 70 --json
-    python -m splitwise_jax.evaluate --prompt-pool dgx-h200:20 --token-pool dgx-b200:4@0.8 \
-        --model llama3.1-70b --workload conversation
-    python -m splitwise_jax.evaluate --colocated-pool dgx-h100:40 --chunked-prefill 512
-    python -m splitwise_jax.evaluate --design-file my_cluster.toml --specs my_specs.toml \
-        --hf-config models/my-model/config.json
-
-The output names, per pool, where its phase parameters come from: "calibrated" (the
-GPU's own profiles) or "transferred-from:<gpu>" (no profiles: the nearest calibrated
-GPU's fit on this GPU's spec sheet), with the error to expect (`provenance`).
+The entry point only; the arguments and the run live in `splitwise_jax.cli.evaluate`
+(see its docstring for examples).
 
 This module shares its name with the model function `splitwise_jax.evaluate`, which
 importing it leaves in place (see the package's `__init__`); reach the command line
 with ``from splitwise_jax.evaluate import main``.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
-import sys
-
-import numpy as np
-
-from splitwise_jax import _cli, _design_args
-from splitwise_jax._exported import cached_jit
-from splitwise_jax.cluster import ClusterMetrics, evaluate
-from splitwise_jax.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES, build_cluster
-from splitwise_jax.workload import workload as load_workload
-
-STATUS_BITS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
-               8: "mixed-pool-active"}
-_PCT = ("p50", "p90", "p99")
-# The command line's evaluate: exported to the cache folder on a first run, so a warm run
-# loads its program instead of tracing the model again (~4 s; `_exported`). The
-# parameter-uncertainty sigma points reuse it.
-_EVALUATE = cached_jit(evaluate, static_argnames=("resolution",))
-
-
-def status_words(code) -> list[str]:
-    code = int(code)
-    return [w for bit, w in STATUS_BITS.items() if code & bit] or ["ok"]
-
-
-def metrics_to_dict(m: ClusterMetrics) -> dict:
-    """The CLI's JSON object from evaluate's metrics (plain floats)."""
-    def trip(a):
-        return {k: float(v) for k, v in zip(_PCT, np.asarray(a))}
-
-    margins = np.asarray(m.slo_margin)
-    return {
-        "ttft_s": trip(m.ttft_s), "tbt_s": trip(m.tbt_s), "e2e_s": trip(m.e2e_s),
-        "slowdown": {"ttft": trip(m.slowdown_ttft), "tbt": trip(m.slowdown_tbt), "e2e": trip(m.slowdown_e2e)},
-        "slo_margin_log": {name: trip(margins[i]) for i, name in enumerate(("ttft", "tbt", "e2e"))},
-        "meets_slo": bool(m.meets_slo),
-        "throughput_rps": float(m.throughput_rps),
-        "cost_per_hour": float(m.cost_per_hour),
-        "power_kw": float(m.power_kw),
-        "provisioned_power_kw": float(m.provisioned_power_kw),
-        "utilisation": {"prompt_pool_rho": float(m.rho_prompt_pool), "token_pool_prompt_rho": float(m.rho_token_pool),
-                        "prompt_pool_mean_batch": float(m.batch_prompt_pool),
-                        "token_pool_mean_batch": float(m.batch_token_pool),
-                        "kv_memory_pressure": float(m.memory_pressure)},
-        "mixed_pool": {"prompts_drafted_frac": float(m.mixed_prompt_frac),
-                       "decodes_moved_frac": float(m.mixed_decode_frac)},
-        "status": " ".join(status_words(m.status)),
-    }
-
-
-def format_table(d: dict, title: str) -> str:
-    lines = [title, f"{'metric':<10}{'P50':>12}{'P90':>12}{'P99':>12}   slowdown P50/P90/P99"]
-    for name in ("ttft", "tbt", "e2e"):
-        t = d[f"{name}_s"]
-        s = d["slowdown"][name]
-        lines.append(f"{name.upper() + ' (s)':<10}{t['p50']:>12.4f}{t['p90']:>12.4f}{t['p99']:>12.4f}   "
-                     f"{s['p50']:.2f} / {s['p90']:.2f} / {s['p99']:.2f}")
-    u = d["utilisation"]
-    lines += [
-        f"meets all nine Table VI SLOs: {'yes' if d['meets_slo'] else 'no'}",
-        f"throughput {d['throughput_rps']:.2f} req/s   cost ${d['cost_per_hour']:.2f}/h   "
-        f"power {d['power_kw']:.1f} kW (provisioned {d['provisioned_power_kw']:.1f} kW)",
-        f"prompt-pool load {u['prompt_pool_rho']:.2f}   token-pool batch {u['token_pool_mean_batch']:.1f}   "
-        f"KV memory pressure {u['kv_memory_pressure']:.2f}",
-        f"mixed pool: {100 * d['mixed_pool']['prompts_drafted_frac']:.1f}% prompts drafted, "
-        f"{100 * d['mixed_pool']['decodes_moved_frac']:.1f}% decodes moved",
-        f"status: {d['status']}",
-    ]
-    return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m splitwise_jax.evaluate", description=__doc__.splitlines()[0])
-    ap.add_argument("--design", choices=sorted(PRESETS),
-                    help="a named design (default splitwise-hh); or --design-file, or pool flags")
-    ap.add_argument("--machines", type=_cli.positive_float, help="machines of a colocated design (baseline, chunked)")
-    ap.add_argument("--prompt-machines", type=_cli.positive_float,
-                    help="prompt machines (Splitwise; DGX-H100 for HA)")
-    ap.add_argument("--token-machines", type=_cli.positive_float, help="token machines (Splitwise; DGX-A100 for HA)")
-    _design_args.add_design_arguments(ap, counts=True)
-    ap.add_argument("--workload", default="coding", help="coding, conversation, or a trace CSV path")
-    ap.add_argument("--rate", type=_cli.positive_float,
-                    help="arrival rate, req/s (default: the trace's, 70 for presets)")
-    ap.add_argument("--horizon", type=_cli.positive_float, default=120.0, help="length of the arrival window, s")
-    _design_args.add_model_arguments(ap)
-    ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
-    ap.add_argument("--transfer", choices=TRANSFER_MODES, help="KV-cache transfer mode (default: the design's, "
-                                                               "serialized for presets)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--no-uncertainty", action="store_true",
-                    help="leave the 'uncertainty' object (90%% intervals, SLO probabilities; docs/uncertainty.md) out "
-                         "of --json: it costs 2 x 23 extra evaluations per GPU type in the cluster")
-    ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache "
-                                                            "(as optimize; SPLITWISE_JAX_CACHE moves it)")
-    return ap
-
-
-def _preset_sizes(ap, a) -> tuple[float, float]:
-    """Pool sizes of a named design from --machines / --prompt-machines / --token-machines."""
-    name = a.design or "splitwise-hh"
-    if PRESETS[name].kind != "splitwise":
-        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
-            what = "a baseline" if PRESETS[name].kind == "baseline" else "colocated (chunked prefill)"
-            ap.error(f"--design {name} is {what}: give --machines N (and not --prompt/--token-machines)")
-        return a.machines, 0.0
-    if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
-        ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
-    return a.prompt_machines, a.token_machines
-
-
-def main(argv=None) -> int:
-    """Command-line entry point; bad arguments or inputs exit 2 with a message."""
-    _cli.float64()  # before any array is built (the precision policy of every CLI)
-    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
-    ap = build_parser()
-    a = ap.parse_args(argv)
-    preset = _design_args.is_preset(a)
-    if preset:
-        sizes = _preset_sizes(ap, a)
-    elif a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
-        ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
-                 "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
-    with _cli.input_errors(ap):
-        llm = _design_args.model_from_args(a)
-        design = _design_args.design_from_args(a, preset_sizes=sizes if preset else None,
-                                               chunked_prefill=a.chunked_prefill)
-        _design_args.check_counts(design)
-        if a.transfer is not None:
-            design = design.replace(transfer_mode=a.transfer)
-        wl = load_workload(a.workload, rate_per_s=a.rate)
-        cluster = build_cluster(design, model=llm, phase_model=a.phase_model)
-        pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
-    if not a.no_cache:
-        _cli.enable_cache()
-    ev = _EVALUATE
-    m = ev(cluster, wl, a.horizon)
-    d = metrics_to_dict(m)
-    d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
-                   "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
-    d["pools"] = pools
-    if a.json:
-        if not a.no_uncertainty:
-            from splitwise_jax.uncertainty import uncertainty_dict
-            d["uncertainty"] = uncertainty_dict(cluster, wl, m, a.horizon, evaluate_fn=ev)
-        print(json.dumps(d))
-    else:
-        what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
-        chunk = f", chunked prefill {design.chunked_prefill_tokens:g} tokens" if design.kind == "chunked" else ""
-        print(format_table(d, f"{design.name} ({what}{chunk}), {llm.name}, {a.workload} at "
-                              f"{float(wl.rate_per_s):g} req/s, {a.phase_model} phases"))
-        print("\n".join(_design_args.pool_lines(pools)))
-    return 0
-
+from splitwise_jax.cli.evaluate import build_parser as build_parser
+from splitwise_jax.cli.evaluate import format_table as format_table
+from splitwise_jax.cli.evaluate import main as main
+from splitwise_jax.cli.evaluate import metrics_to_dict as metrics_to_dict
+from splitwise_jax.cli.evaluate import status_words as status_words
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from splitwise_jax import _cli
-from splitwise_jax.catalog import MACHINE_OF_HARDWARE, get_machine, llm_names
+from splitwise_jax.cli import _cli
+from splitwise_jax.specs.catalog import MACHINE_OF_HARDWARE, get_machine, llm_names
 
 QUERY_COLUMNS: tuple[str, ...] = ("model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size")
 _SIZE_COLUMNS = ("tensor_parallel", "prompt_size", "batch_size", "token_size")

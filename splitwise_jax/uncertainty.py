@@ -59,10 +59,10 @@ import jax
 import numpy as np
 
 from splitwise_jax._paths import PACKAGE_DATA
-from splitwise_jax.cluster import Cluster, ClusterMetrics, evaluate
-from splitwise_jax.param_space import _from_raw, _to_raw
-from splitwise_jax.params import FIELD_NAMES, ParamUncertainty, PhaseParams, load_uncertainty
-from splitwise_jax.timing import CalibratedTiming
+from splitwise_jax.cluster.cluster import Cluster, ClusterMetrics, evaluate
+from splitwise_jax.phases.param_space import _from_raw, _to_raw
+from splitwise_jax.phases.params import FIELD_NAMES, ParamUncertainty, PhaseParams, load_uncertainty
+from splitwise_jax.phases.timing import CalibratedTiming
 
 MODEL_FORM_FILE = PACKAGE_DATA / "model_form_error.json"
 METRICS = ("ttft", "tbt", "e2e")
@@ -225,7 +225,7 @@ def role_gpus(cluster: Cluster) -> tuple:
     or for a GPU without profiles the calibrated GPU it borrows them from
     (`provenance.params_for`); None for a timing without calibrated parameters. Read it
     off the cluster before `designs.uniform_names` erases the names."""
-    from splitwise_jax.provenance import calibrated_gpus, nearest_calibrated_gpu
+    from splitwise_jax.phases.provenance import calibrated_gpus, nearest_calibrated_gpu
 
     fitted = calibrated_gpus()
     out = []

@@ -50,11 +50,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from splitwise_jax.cluster import Cluster, Resolution, evaluate  # noqa: E402
-from splitwise_jax.designs import DESIGNS, make_cluster, uniform_names  # noqa: E402
+from splitwise_jax.cluster.cluster import Cluster, Resolution, evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import DESIGNS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.optimize import (OptimizeResult, Problem, SolverConfig, optimize, reference_budget,  # noqa: E402
                                     search_boundary)
-from splitwise_jax.workload import Workload, coarsen, workload  # noqa: E402
+from splitwise_jax.cluster.workload import Workload, coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 HORIZON_S = 120.0  # the paper's and SplitwiseSim's 2-minute traces
@@ -249,7 +249,7 @@ def machine_cost(design: str) -> tuple[float, float]:
 
 def machine_power_kw(design: str) -> tuple[float, float]:
     """(provisioned kW of a prompt machine, of a token machine, at their caps)."""
-    from splitwise_jax.power import provisioned_power_w
+    from splitwise_jax.phases.power import provisioned_power_w
 
     c = make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
     return (float(provisioned_power_w(c.prompt.machine, c.prompt.cap_frac)) / 1e3,

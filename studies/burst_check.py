@@ -26,11 +26,11 @@ import pandas as pd
 
 jax.config.update("jax_enable_x64", True)
 
-from splitwise_jax.cluster import evaluate  # noqa: E402
-from splitwise_jax.designs import make_cluster  # noqa: E402
+from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.simulate import simulate  # noqa: E402
 from splitwise_jax.simulate.trace import RequestTrace  # noqa: E402
-from splitwise_jax.workload import Workload, coarsen, workload  # noqa: E402
+from splitwise_jax.cluster.workload import Workload, coarsen, workload  # noqa: E402
 
 RATE = 40.0
 N_REQUESTS = 4_000

@@ -42,12 +42,12 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import catalog
-from splitwise_jax.cluster import evaluate
-from splitwise_jax.designs import Design, Pool, build_cluster, uniform_names
+from splitwise_jax.specs import catalog
+from splitwise_jax.cluster.cluster import evaluate
+from splitwise_jax.cluster.designs import Design, Pool, build_cluster, uniform_names
 from splitwise_jax.evaluate import main as evaluate_main
 from splitwise_jax.optimize import main as optimize_main
-from splitwise_jax.workload import workload
+from splitwise_jax.cluster.workload import workload
 
 STUDY = "catalogue_pairs"
 RATE = 20.0  # req/s of coding: a load every model can meet with a pool of its machines
@@ -141,7 +141,7 @@ def ordering(model: str, machines) -> pd.DataFrame:
 
 
 def _fits(llm, machine: str) -> bool:
-    from splitwise_jax.memory import fits
+    from splitwise_jax.phases.memory import fits
 
     return fits(llm, catalog.get_machine(machine))
 

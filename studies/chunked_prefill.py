@@ -2,7 +2,7 @@
 
 Today's alternative to splitting the phases is not the paper's baseline (whole prompts
 that stall every decode on the machine) but chunked prefill: every iteration carries the
-running decodes plus up to a token budget of prompt chunks (`splitwise_jax.chunked`).
+running decodes plus up to a token budget of prompt chunks (`splitwise_jax.cluster.chunked`).
 This study
 
 1. checks the fluid model of chunked prefill against the request-level simulator's
@@ -45,13 +45,13 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import paper
-from splitwise_jax.cluster import Scheduling, evaluate
-from splitwise_jax.designs import make_cluster, uniform_names
-from splitwise_jax.evaluate import metrics_to_dict
+from splitwise_jax.specs import paper
+from splitwise_jax.cluster.cluster import Scheduling, evaluate
+from splitwise_jax.cluster.designs import make_cluster, uniform_names
+from splitwise_jax.cli.evaluate import metrics_to_dict
 from splitwise_jax.optimize import Problem, optimize
 from splitwise_jax.simulate import SimConfig, simulate, trace
-from splitwise_jax.workload import workload
+from splitwise_jax.cluster.workload import workload
 
 STUDY = "chunked_prefill"
 WORKLOADS = ("coding", "conversation")

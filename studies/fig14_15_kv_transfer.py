@@ -38,10 +38,10 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import paper
-from splitwise_jax import kv_transfer, phases
-from splitwise_jax.catalog import get_llm, get_machine
-from splitwise_jax.params import load_params
+from splitwise_jax.specs import paper
+from splitwise_jax.phases import kv_transfer, phases
+from splitwise_jax.specs.catalog import get_llm, get_machine
+from splitwise_jax.phases.params import load_params
 
 STUDY = "fig14_15_kv_transfer"
 MODEL = "bloom-176b"

@@ -29,7 +29,7 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import paper
+from splitwise_jax.specs import paper
 
 STUDY = "fig16_latency_vs_load"
 WORKLOADS = ("coding", "conversation")

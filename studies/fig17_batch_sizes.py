@@ -33,7 +33,7 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import paper
+from splitwise_jax.specs import paper
 
 STUDY = "fig17_batch_sizes"
 WORKLOADS = ("coding", "conversation")

@@ -39,7 +39,7 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import paper
+from splitwise_jax.specs import paper
 from splitwise_jax.optimize import Problem
 
 STUDY = "fig18_19_iso"

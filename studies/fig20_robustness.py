@@ -27,7 +27,7 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax import paper
+from splitwise_jax.specs import paper
 
 STUDY = "fig20_robustness"
 PAPER_LOSS = paper.FIG20_LOSS

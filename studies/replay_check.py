@@ -42,11 +42,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import azure_trace_csv  # noqa: E402
-from splitwise_jax.cluster import evaluate  # noqa: E402
-from splitwise_jax.designs import make_cluster  # noqa: E402
+from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.simulate import simulate  # noqa: E402
 from splitwise_jax.simulate.trace import RequestTrace  # noqa: E402
-from splitwise_jax.workload import Workload, load_trace  # noqa: E402
+from splitwise_jax.cluster.workload import Workload, load_trace  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 METRICS = ("ttft", "tbt", "e2e")

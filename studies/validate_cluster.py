@@ -49,9 +49,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import validation_dir  # noqa: E402
-from splitwise_jax.cluster import evaluate  # noqa: E402
-from splitwise_jax.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
-from splitwise_jax.workload import Workload, load_trace, workload  # noqa: E402
+from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
+from splitwise_jax.cluster.workload import Workload, load_trace, workload  # noqa: E402
 
 METRICS = ("ttft", "tbt", "e2e")
 PCTS = ("p50", "p90", "p99")

@@ -102,7 +102,7 @@ def _run_name(r) -> str:
 
 
 def _cluster(r, phase_model="splitwise-sim-table"):
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
     if str(r["design"]).startswith("baseline"):
         return make_cluster(r["design"], float(r["machines"]), model=r["model"], phase_model=phase_model)
     return make_cluster(r["design"], float(r["prompt_machines"]), float(r["token_machines"]), model=r["model"],
@@ -116,7 +116,7 @@ def _worker_init(warm: bool = True):
     jax.config.update("jax_enable_x64", True)
     if not warm:
         return
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
     from splitwise_jax.simulate import simulate
     from splitwise_jax.simulate.trace import RequestTrace
     tr = RequestTrace.from_arrays([0.0, 0.5, 1.0], [100, 2000, 500], [5, 20, 3], name="warm-up")
@@ -307,7 +307,7 @@ def run_reference(args) -> int:
 
 def random_configs(n: int, seed: int = 0) -> pd.DataFrame:
     """Random configurations: design, pool sizes, workload, model, load, arrivals."""
-    from splitwise_jax.designs import DESIGNS
+    from splitwise_jax.cluster.designs import DESIGNS
     rng = np.random.default_rng(seed)
     designs = sorted(DESIGNS)
     rows = []
@@ -345,9 +345,9 @@ def _fluid(cluster, wl, horizon_s):
     import jax
     import jax.numpy as jnp
 
-    from splitwise_jax.cluster import evaluate
-    from splitwise_jax.designs import uniform_names
-    from splitwise_jax.evaluate import metrics_to_dict
+    from splitwise_jax.cluster.cluster import evaluate
+    from splitwise_jax.cluster.designs import uniform_names
+    from splitwise_jax.cli.evaluate import metrics_to_dict
 
     k, m = wl.weights.shape
     n = 32
@@ -363,10 +363,10 @@ def _fluid(cluster, wl, horizon_s):
 
 def _fluid_vs_sim_one(args):
     cfg, horizon_s, seed = args
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
     from splitwise_jax.simulate import simulate, trace as trace_mod
     from splitwise_jax.simulate.trace import RequestTrace
-    from splitwise_jax.workload import Workload, workload as load_workload
+    from splitwise_jax.cluster.workload import Workload, workload as load_workload
     cluster = make_cluster(cfg["design"], cfg["n_prompt"], cfg["n_token"] or 1.0, model=cfg["model"])
     wl = load_workload(cfg["workload"])
     rate = cfg["load"] * capacity_rps(cluster, wl)

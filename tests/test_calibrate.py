@@ -18,11 +18,11 @@ from conftest import needs_shared
 from splitwise_jax import calibrate as C
 from splitwise_jax.calibrate.fit import _HI, _LO, _from_raw, _to_raw
 from splitwise_jax.calibrate.rows import _predict_jit
-from splitwise_jax.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE
-from splitwise_jax.catalog import get_llm, get_machine
-from splitwise_jax.params import FITTED_PARAMS_FILE, PhaseParams, default_params
-from splitwise_jax.phases import mean_token_latency_s, prompt_latency_s
-from splitwise_jax.profiles import load_profiles, profile_medians
+from splitwise_jax.specs.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE
+from splitwise_jax.specs.catalog import get_llm, get_machine
+from splitwise_jax.phases.params import FITTED_PARAMS_FILE, PhaseParams, default_params
+from splitwise_jax.phases.phases import mean_token_latency_s, prompt_latency_s
+from splitwise_jax.phases.profiles import load_profiles, profile_medians
 
 # ---- synthetic profiles: the model's own predictions (no shared data needed) -----------
 

@@ -1,16 +1,16 @@
-"""`splitwise_jax._caps.cap_floor_frac`: the one definition of the power-cap floor."""
+"""`splitwise_jax.phases._caps.cap_floor_frac`: the one definition of the power-cap floor."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from splitwise_jax import catalog
-from splitwise_jax._caps import cap_floor_frac
-from splitwise_jax.designs import make_cluster
+from splitwise_jax.specs import catalog
+from splitwise_jax.phases._caps import cap_floor_frac
+from splitwise_jax.cluster.designs import make_cluster
 from splitwise_jax.optimize import Problem
 from splitwise_jax.optimize.spec import make_spec
-from splitwise_jax.workload import coarsen, workload
+from splitwise_jax.cluster.workload import coarsen, workload
 
 
 def test_h100_floor_is_min_cap_over_tdp():

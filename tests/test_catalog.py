@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.catalog, hardware and llm: built-in specs, spec files, pytrees.
+"""Tests for splitwise_jax.specs.catalog, hardware and llm: built-in specs, spec files, pytrees.
 
 Tolerances name their source: "Table I rounding" is the paper's two-decimal ratios;
 architecture parameter counts are checked to 0.5% (embedding and norm parameters the
@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax import catalog
-from splitwise_jax.catalog import get_gpu, get_llm, get_machine, load_specs
-from splitwise_jax.hardware import GPU
-from splitwise_jax.params import PRIOR
-from splitwise_jax.phases import prompt_latency_s
+from splitwise_jax.specs import catalog
+from splitwise_jax.specs.catalog import get_gpu, get_llm, get_machine, load_specs
+from splitwise_jax.specs.hardware import GPU
+from splitwise_jax.phases.params import PRIOR
+from splitwise_jax.phases.phases import prompt_latency_s
 
 GIB = 2.0**30
 

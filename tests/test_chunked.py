@@ -15,14 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.batch import Batch
-from splitwise_jax.chunked import ChunkedScheduling, chunked_state, smooth_ceil
-from splitwise_jax.cluster import Scheduling, evaluate
-from splitwise_jax.designs import make_cluster
-from splitwise_jax.evaluate import metrics_to_dict
-from splitwise_jax.pool import jsq_share
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.cluster.chunked import ChunkedScheduling, chunked_state, smooth_ceil
+from splitwise_jax.cluster.cluster import Scheduling, evaluate
+from splitwise_jax.cluster.designs import make_cluster
+from splitwise_jax.cli.evaluate import metrics_to_dict
+from splitwise_jax.cluster.pool import jsq_share
 from splitwise_jax.simulate import SimConfig, simulate, trace
-from splitwise_jax.workload import workload
+from splitwise_jax.cluster.workload import workload
 
 # ---------------------------------------------------------------------------------------
 # The smoothed ceiling

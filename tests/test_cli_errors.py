@@ -3,7 +3,7 @@ predict) and the files they read (spec, trace, profile, query and parameter file
 
 Every case must end the program through argparse's error: exit status 2, a message on
 stderr that names the problem (the fragment listed with the case), and no traceback
-(`splitwise_jax._cli`). Cases run in-process through each CLI's `main(argv)` (all of
+(`splitwise_jax.cli._cli`). Cases run in-process through each CLI's `main(argv)` (all of
 them fail before anything compiles, so the whole catalogue takes seconds); two run in a
 subprocess to prove the same from a real process.
 """
@@ -21,7 +21,7 @@ import pytest
 from splitwise_jax.calibrate import main as calibrate_main
 from splitwise_jax.evaluate import main as evaluate_main
 from splitwise_jax.optimize import main as optimize_main
-from splitwise_jax.params import FITTED_PARAMS_FILE
+from splitwise_jax.phases.params import FITTED_PARAMS_FILE
 from splitwise_jax.predict import main as predict_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,7 +355,7 @@ def test_process_seconds_counts_from_the_process_start():
     import sys
     import time
 
-    code = ("import time; time.sleep(0.5)\nfrom splitwise_jax import _cli\nprint(_cli.process_seconds())")
+    code = ("import time; time.sleep(0.5)\nfrom splitwise_jax.cli import _cli\nprint(_cli.process_seconds())")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from conftest import SHARED, needs_shared
 
-from splitwise_jax.cluster import ClusterMetrics, Resolution, evaluate
-from splitwise_jax.designs import DESIGNS, make_cluster
-from splitwise_jax.workload import workload
+from splitwise_jax.cluster.cluster import ClusterMetrics, Resolution, evaluate
+from splitwise_jax.cluster.designs import DESIGNS, make_cluster
+from splitwise_jax.cluster.workload import workload
 
 HORIZON_S = 120.0
 _evaluate = jax.jit(evaluate)
@@ -454,7 +454,7 @@ def test_bursty_trace_waits_longer():
     of the windowed model costs ~90 s to compile here, too much for what it adds.)"""
     import pandas as pd
 
-    from splitwise_jax.workload import Workload, coarsen
+    from splitwise_jax.cluster.workload import Workload, coarsen
 
     rng = np.random.default_rng(0)
     base = coarsen(workload("coding", 1.0), 8, 8)
@@ -491,7 +491,7 @@ def test_fluid_backlog_drains_at_the_pools_rate(capacity):
     1 + N_t / N_p too long (HH 5+2 on the 900 s code replay: +44 % at P50 against our
     simulator, +8 % after). Exact up to the 5 ms softplus floor and the threshold's
     sigmoid (threshold 10 ms here, so the whole stretch is past it): 1 %."""
-    from splitwise_jax.cluster import _backlog_fluid
+    from splitwise_jax.cluster.cluster import _backlog_fluid
 
     rho, d, h = 2.0, 10.0, 0.5
     n = int(d / h)
@@ -518,7 +518,7 @@ def test_trace_overload_stretch_builds_a_fluid_backlog():
     windows."""
     import pandas as pd
 
-    from splitwise_jax.workload import Workload, coarsen
+    from splitwise_jax.cluster.workload import Workload, coarsen
 
     base = coarsen(workload("coding", 1.0), 8, 8)
     c = make_cluster("baseline-h100", 16.0)
@@ -552,7 +552,7 @@ def test_count_mixture_gradient_finite_in_float32():
     1e-7-1e-4 (tails ~1e-25): NaN gradients, which stopped the optimiser in float32
     (`cluster._tail_floor`). Its weights and means stay within float32 rounding of
     float64's (1e-5 relative, on the mixture's own mean and second moment)."""
-    from splitwise_jax.cluster import _count_mixture
+    from splitwise_jax.cluster.cluster import _count_mixture
 
     def moments(lam):
         w, m, v = _count_mixture(lam)

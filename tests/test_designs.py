@@ -17,16 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax import catalog
-from splitwise_jax._design_args import pools_dict
-from splitwise_jax.chunked import ChunkedScheduling
-from splitwise_jax.cluster import Scheduling, evaluate
-from splitwise_jax.design_file import design_from_dict, load_design, parse_pool_flag
-from splitwise_jax.designs import (DESIGNS, PRESETS, Design, Pool, build_cluster, get_design, instance_machine,
+from splitwise_jax.specs import catalog
+from splitwise_jax.cli._design_args import pools_dict
+from splitwise_jax.cluster.chunked import ChunkedScheduling
+from splitwise_jax.cluster.cluster import Scheduling, evaluate
+from splitwise_jax.io.design_file import design_from_dict, load_design, parse_pool_flag
+from splitwise_jax.cluster.designs import (DESIGNS, PRESETS, Design, Pool, build_cluster, get_design, instance_machine,
                                    make_cluster, pool_provenance, uniform_names)
 from splitwise_jax.evaluate import main as evaluate_main
-from splitwise_jax.params import load_params
-from splitwise_jax.workload import workload
+from splitwise_jax.phases.params import load_params
+from splitwise_jax.cluster.workload import workload
 
 # ---------------------------------------------------------------------------------------
 # Presets

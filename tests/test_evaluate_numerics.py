@@ -23,7 +23,7 @@ import pytest
 from jax.test_util import check_grads
 
 import splitwise_jax as sj
-from splitwise_jax.cluster import Resolution
+from splitwise_jax.cluster.cluster import Resolution
 
 ROOT = Path(__file__).resolve().parent.parent
 RES = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4)
@@ -46,7 +46,7 @@ _PROGRAM = textwrap.dedent("""
     import json, sys
     import jax, jax.numpy as jnp, numpy as np
     import splitwise_jax as sj
-    from splitwise_jax.cluster import Resolution
+    from splitwise_jax.cluster.cluster import Resolution
     RES = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4)
     POINTS = json.loads(sys.argv[1])
     METRICS = json.loads(sys.argv[2])

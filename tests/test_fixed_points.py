@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.cluster import _ROOT_STEPS, _fixed_point_01
-from splitwise_jax.queueing import ndtr
+from splitwise_jax.cluster.cluster import _ROOT_STEPS, _fixed_point_01
+from splitwise_jax.cluster.queueing import ndtr
 
 # Reservations of three sizes (tokens, shares) against a capacity: the overflow law's
 # form, h(u) = sum_k w_k m_k (1 - Phi((u D + m_k - cap) / sd)) / D, D = sum_k w_k m_k.

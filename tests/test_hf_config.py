@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.hf_config: LLMs from local Hugging Face config.json files.
+"""Tests for splitwise_jax.specs.hf_config: LLMs from local Hugging Face config.json files.
 
 Fixtures: tests/fixtures/hf_configs/*/config.json, hand-written from each model's
 published hyper-parameters (README there). Tolerances:
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from splitwise_jax import catalog
-from splitwise_jax.hf_config import llm_from_hf_config, load_hf_config
-from splitwise_jax.llm import param_count
+from splitwise_jax.specs import catalog
+from splitwise_jax.specs.hf_config import llm_from_hf_config, load_hf_config
+from splitwise_jax.specs.llm import param_count
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 

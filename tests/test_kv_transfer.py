@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.kv_transfer: serialized vs layer-wise KV-cache transfer."""
+"""Tests for splitwise_jax.phases.kv_transfer: serialized vs layer-wise KV-cache transfer."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from splitwise_jax.catalog import get_llm, get_machine
-from splitwise_jax.kv_transfer import (
+from splitwise_jax.specs.catalog import get_llm, get_machine
+from splitwise_jax.phases.kv_transfer import (
     kv_transfer_bandwidth,
     kv_transfer_bytes,
     layerwise_transfer_s,
     serialized_transfer_s,
 )
-from splitwise_jax.params import default_params
-from splitwise_jax.phases import prompt_latency_s
+from splitwise_jax.phases.params import default_params
+from splitwise_jax.phases.phases import prompt_latency_s
 
 BLOOM, LLAMA = get_llm("bloom-176b"), get_llm("llama2-70b")
 DGX_A100, DGX_H100 = get_machine("dgx-a100"), get_machine("dgx-h100")

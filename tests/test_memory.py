@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.memory: weights, KV-cache bytes, capacity, max batch, MoE traffic, fit errors."""
+"""Tests for splitwise_jax.phases.memory: weights, KV-cache bytes, capacity, max batch, MoE traffic, fit errors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from splitwise_jax.catalog import get_llm, get_machine
-from splitwise_jax.memory import (
+from splitwise_jax.specs.catalog import get_llm, get_machine
+from splitwise_jax.phases.memory import (
     check_fits,
     experts_touched,
     fits,

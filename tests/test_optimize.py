@@ -18,8 +18,8 @@ from splitwise_jax.optimize.gradient import _al_round
 from splitwise_jax.optimize.integer import full_resolution_step_up
 from splitwise_jax.optimize.report import _candidate_dict
 from splitwise_jax.optimize.spec import assess_batch
-from splitwise_jax.designs import make_cluster
-from splitwise_jax.workload import coarsen, workload
+from splitwise_jax.cluster.designs import make_cluster
+from splitwise_jax.cluster.workload import coarsen, workload
 
 RATE = 12.0        # req/s: the cheapest Splitwise-HH cluster then has ~6 machines
 BINS = 8

@@ -141,7 +141,7 @@ def test_cli_compile_policy_sets_the_loop_emitters_flag_unless_told_otherwise(en
     XLA_FLAGS before JAX starts its backend, and only then."""
     code = textwrap.dedent("""
         import os
-        from splitwise_jax import _cli
+        from splitwise_jax.cli import _cli
         _cli.fast_compile()
         print(os.environ.get("XLA_FLAGS", ""))
         import jax.numpy as jnp

@@ -1,11 +1,12 @@
-"""`splitwise_jax.paper`: one home for the paper's numbers, and everyone reads it."""
+"""`splitwise_jax.specs.paper`: one home for the paper's numbers, and everyone reads it."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import splitwise_jax as sj
-from splitwise_jax import catalog, cluster, paper
+from splitwise_jax.specs import catalog, paper
+from splitwise_jax.cluster import cluster
 from splitwise_jax.optimize import REFERENCE_MACHINES, Problem, reference_budget
 from splitwise_jax.optimize.compare import metric_of
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, _log_interp, busy_table, merge_routes,
+from splitwise_jax.cluster.percentiles import (PERCENTILES, Mixture, Resolution, _log_interp, busy_table, merge_routes,
                                        quantiles)
-from splitwise_jax.queueing import wait_model
+from splitwise_jax.cluster.queueing import wait_model
 
 RES = Resolution()
 LOADS = {"light": 0.4, "near-saturation": 0.98, "overload": 1.5}
@@ -169,7 +169,7 @@ def test_the_safeguarded_path_gives_the_same_root(monkeypatch):
     `refine`). Forcing the safeguarded path everywhere (no step counts as short) must
     give the same root at every load: both are the whole mixture's, to the 1e-8 of the
     tests above. (Jitted over the three loads at once: eager, each took ~25 s.)"""
-    import splitwise_jax.percentiles as P
+    import splitwise_jax.cluster.percentiles as P
 
     mixes = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[_mixture(rho, seed=2) for rho in LOADS.values()])
     pruned = Resolution(search_components=8)
@@ -184,7 +184,7 @@ def test_heaviest_is_top_k(seed):
     """`percentiles._heaviest` (bisection on a threshold, then a running count) picks
     the set `jax.lax.top_k` picks, where no two weights tie at the cut; with ties it
     still returns k distinct components, every one at least as heavy as any left out."""
-    from splitwise_jax.percentiles import _heaviest, _running_count
+    from splitwise_jax.cluster.percentiles import _heaviest, _running_count
 
     rng = np.random.default_rng(seed)
     n, k = 5_000 + 37 * seed, 300 + seed
@@ -209,7 +209,7 @@ def test_stand_in_keeps_the_weight_and_nearly_the_cdf(load):
     2.4e-3 for the time and 3.4e-2 for the slowdown (whose binned components mix scales)
     over 400 points (measured 2026-12-02); the bounds are twice that. The search then
     corrects on the whole mixture (test above), so this sets only where it starts."""
-    from splitwise_jax.percentiles import _cdf, _params, _stand_in
+    from splitwise_jax.cluster.percentiles import _cdf, _params, _stand_in
     mix = _mixture(LOADS[load], seed=2)
     n = mix.wait.fine.shape[-1]
     idx = jax.lax.top_k(mix.weight.reshape(-1).astype(jnp.float32), 10)[1]
@@ -228,7 +228,7 @@ def test_stand_in_without_a_wait_table_is_bins_alone():
     measured 2026-12-02 2.2e-3 for the time and 1.3e-2 for the slowdown (whose bins mix
     scales), 320 components of locations spread over 0.2-20 s in 128 bins; the bounds
     are about twice that. The search then corrects on the whole mixture (test above)."""
-    from splitwise_jax.percentiles import _NO_WAIT_BINS, _cdf, _params, _stand_in
+    from splitwise_jax.cluster.percentiles import _NO_WAIT_BINS, _cdf, _params, _stand_in
     mix = _mixture(0.5, seed=4, wait=False, r=2, c=160)
     lt = jnp.linspace(-3.0, 5.0, 400)
     for v, bound in ((0, 5e-3), (1, 3e-2)):

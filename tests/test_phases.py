@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.phases: gradients, edge cases, invariants, power cap behaviour.
+"""Tests for splitwise_jax.phases.phases: gradients, edge cases, invariants, power cap behaviour.
 
 These test physics and structure, not fitted numbers: every check must hold for the
 physical prior and for any calibration of it. Parameters come from
@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from splitwise_jax import catalog, memory, provenance
-from splitwise_jax.batch import Batch
-from splitwise_jax.params import PRIOR, PhaseParams, default_params
-from splitwise_jax.phases import (
+from splitwise_jax.specs import catalog
+from splitwise_jax.phases import memory, provenance
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.phases.params import PRIOR, PhaseParams, default_params
+from splitwise_jax.phases.phases import (
     gemm_efficiency,
     iteration,
     iteration_power_w,

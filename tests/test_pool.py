@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.designs import make_timing
-from splitwise_jax.pool import pool_state
+from splitwise_jax.cluster.designs import make_timing
+from splitwise_jax.cluster.pool import pool_state
 
 # Three prompt classes (tokens) and their shares; 100 decode iterations per request
 # (o - 1) at a mean context of 1,600 tokens: a conversation-like load.

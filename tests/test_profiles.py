@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.profiles: loading, validation, medians, outlier flags."""
+"""Tests for splitwise_jax.phases.profiles: loading, validation, medians, outlier flags."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import needs_shared
 
-from splitwise_jax.profiles import (
+from splitwise_jax.phases.profiles import (
     CONFIG_KEYS,
     REQUIRED_COLUMNS,
     flag_outliers,

@@ -33,9 +33,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import splitwise_jax as sj
-from splitwise_jax._caps import cap_floor_frac
-from splitwise_jax.cluster import Resolution
-from splitwise_jax.designs import uniform_names
+from splitwise_jax.phases._caps import cap_floor_frac
+from splitwise_jax.cluster.cluster import Resolution
+from splitwise_jax.cluster.designs import uniform_names
 
 RES = Resolution(window_points=4, table_points=32, grid_points=16, refine_iters=4)
 BINS = 8

@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.provenance: calibrated vs transferred parameters, said out loud."""
+"""Tests for splitwise_jax.phases.provenance: calibrated vs transferred parameters, said out loud."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from splitwise_jax import catalog
-from splitwise_jax.params import PRIOR, load_params
-from splitwise_jax.provenance import (
+from splitwise_jax.specs import catalog
+from splitwise_jax.phases.params import PRIOR, load_params
+from splitwise_jax.phases.provenance import (
     HELD_OUT_ERRORS_FILE,
     calibrated_gpus,
     nearest_calibrated_gpu,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from splitwise_jax.quantiles import mixture_quantiles
+from splitwise_jax.cluster.quantiles import mixture_quantiles
 
 QS = jnp.asarray([0.1, 0.25, 0.4])
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.queueing import Burstiness, burst_size, prob_wait, wait_cdf_busy, wait_model
+from splitwise_jax.cluster.queueing import Burstiness, burst_size, prob_wait, wait_cdf_busy, wait_model
 
 N_POINTS = 64  # window quadrature points
 

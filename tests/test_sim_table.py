@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.sim_table: SplitwiseSim's interpolated phase table in JAX."""
+"""Tests for splitwise_jax.phases.sim_table: SplitwiseSim's interpolated phase table in JAX."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from conftest import needs_shared
 from jax.test_util import check_grads
 
-from splitwise_jax.profiles import SERIES_KEYS, load_profiles
-from splitwise_jax.sim_table import (
+from splitwise_jax.phases.profiles import SERIES_KEYS, load_profiles
+from splitwise_jax.phases.sim_table import (
     MIXED_BATCH_FACTOR,
     SimTable,
     interp_baseline_predict,

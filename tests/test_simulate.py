@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED, needs_shared
-from splitwise_jax.designs import make_cluster
+from splitwise_jax.cluster.designs import make_cluster
 from splitwise_jax.simulate import SimConfig, simulate, trace
 from splitwise_jax.simulate import timing as st
 from splitwise_jax.simulate.trace import RequestTrace
@@ -22,7 +22,7 @@ TABLE = "splitwise-sim-table"
 
 
 def _small_trace(n=300, rate=20.0, seed=0, workload="coding"):
-    from splitwise_jax.workload import workload as load_workload
+    from splitwise_jax.cluster.workload import workload as load_workload
     return trace.poisson(load_workload(workload), rate, n / rate, seed)
 
 
@@ -52,7 +52,7 @@ def test_deterministic_for_a_seed():
 
 
 def test_poisson_trace_rate_and_sizes():
-    from splitwise_jax.workload import workload as load_workload
+    from splitwise_jax.cluster.workload import workload as load_workload
     wl = load_workload("conversation")
     tr = trace.poisson(wl, 50.0, 200.0, seed=0)
     # ~10,000 arrivals: the count is Poisson(10,000), so within 5 sigma
@@ -274,7 +274,7 @@ def test_simulated_check_of_candidates():
     disagreement is reported as such."""
     from splitwise_jax.optimize.problem import Candidate
     from splitwise_jax.simulate.candidates import format_check, simulate_candidates
-    from splitwise_jax.workload import workload as load_workload
+    from splitwise_jax.cluster.workload import workload as load_workload
 
     c = make_cluster("splitwise-hh", 1, 1, phase_model=TABLE)
 
@@ -303,8 +303,8 @@ def _keys(d, prefix=""):
 
 
 def test_json_has_the_keys_of_evaluate(hh_run):
-    from splitwise_jax.cluster import ClusterMetrics
-    from splitwise_jax.evaluate import metrics_to_dict
+    from splitwise_jax.cluster.cluster import ClusterMetrics
+    from splitwise_jax.cli.evaluate import metrics_to_dict
     shapes = {"ttft_s": 3, "tbt_s": 3, "e2e_s": 3, "slowdown_ttft": 3, "slowdown_tbt": 3, "slowdown_e2e": 3,
               "slo_margin": (3, 3)}
     fake = ClusterMetrics(**{f: np.ones(shapes.get(f, ())) for f in ClusterMetrics._fields})

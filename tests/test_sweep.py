@@ -27,10 +27,10 @@ _TWO_DEVICES = textwrap.dedent("""
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
     import numpy as np
-    from splitwise_jax.cluster import Resolution, evaluate
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.cluster import Resolution, evaluate
+    from splitwise_jax.cluster.designs import make_cluster
     from splitwise_jax.sweep import sweep
-    from splitwise_jax.workload import coarsen, workload
+    from splitwise_jax.cluster.workload import coarsen, workload
 
     res = Resolution(window_points=4, table_points=32, grid_points=12, refine_iters=4, lookup_points=256)
 

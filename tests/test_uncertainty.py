@@ -25,8 +25,8 @@ from splitwise_jax import uncertainty as U
 from splitwise_jax.calibrate.fit import _from_raw, _to_raw
 from splitwise_jax.calibrate.intervals import coverage_table, predict_intervals
 from splitwise_jax.calibrate.laplace import laplace
-from splitwise_jax.cluster import ClusterMetrics
-from splitwise_jax.params import FIELD_NAMES, ParamUncertainty, PhaseParams, read_params_file, write_params_file
+from splitwise_jax.cluster.cluster import ClusterMetrics
+from splitwise_jax.phases.params import FIELD_NAMES, ParamUncertainty, PhaseParams, read_params_file, write_params_file
 
 _FAST = C.FitConfig(steps=150, learning_rate=0.05)
 
@@ -40,7 +40,7 @@ _SUBSET = C.FitConfig(steps=400)
 def _subset_medians():
     """One series group of the measured profiles: Llama2-70B at TP4 on A100, H100 and
     the capped H100 (57 configurations; one small compile shared by every test here)."""
-    from splitwise_jax.profiles import load_profiles, profile_medians
+    from splitwise_jax.phases.profiles import load_profiles, profile_medians
 
     rows = load_profiles()
     rows = rows[(rows["model"] == "llama2-70b") & (rows["tensor_parallel"] == 4)]
@@ -283,7 +283,7 @@ def _fake_metrics(cluster, scale=1.0):
 
 
 def test_sigma_points_give_the_linearised_spread_exactly(synthetic_fit):
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
 
     unc = synthetic_fit[1].uncertainty
     cluster = make_cluster("splitwise-ha", 3, 2)  # H100 prompt, A100 token and reference
@@ -301,7 +301,7 @@ def test_sigma_points_give_the_linearised_spread_exactly(synthetic_fit):
 
 
 def test_uncertainty_dict_has_intervals_and_probabilities(synthetic_fit):
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
 
     unc = synthetic_fit[1].uncertainty
     mf = U.ModelFormError.from_dict(U.model_form_from_runs(_runs(), rho_edges=(0.0, 0.8)))
@@ -367,9 +367,9 @@ def _point_result(n_p, n_t, problem):
 
 
 def test_confidence_is_never_cheaper_than_the_point_answer(fake_search):
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
     from splitwise_jax.optimize.problem import Problem
-    from splitwise_jax.workload import coarsen, workload
+    from splitwise_jax.cluster.workload import coarsen, workload
 
     conf, _ = fake_search
     problem = Problem("cost", max_machines=40)
@@ -403,10 +403,10 @@ def test_confidence_is_never_cheaper_than_the_point_answer(fake_search):
 
 
 def test_pareto_front_is_non_dominated_and_the_staircase_is_exact(fake_search):
-    from splitwise_jax.designs import make_cluster
+    from splitwise_jax.cluster.designs import make_cluster
     from splitwise_jax.optimize.pareto import non_dominated, pareto_front
     from splitwise_jax.optimize.problem import Problem
-    from splitwise_jax.workload import coarsen, workload
+    from splitwise_jax.cluster.workload import coarsen, workload
 
     _, par = fake_search
     problem = Problem("cost", max_machines=40)

@@ -1,4 +1,4 @@
-"""Tests for splitwise_jax.workload: presets, binning, trace readers, pytree behaviour."""
+"""Tests for splitwise_jax.cluster.workload: presets, binning, trace readers, pytree behaviour."""
 
 import dataclasses
 import json
@@ -11,7 +11,7 @@ import pytest
 from conftest import needs_shared
 
 from splitwise_jax import _paths
-from splitwise_jax.workload import (  # noqa: I001
+from splitwise_jax.cluster.workload import (  # noqa: I001
     ArrivalProfile,
     PRESET_RATE_PER_S,
     Workload,
@@ -528,7 +528,7 @@ def test_coarsen_classes_do_not_depend_on_the_weights_precision(name):
     to the lower bin, so the coarsened classes differed with the precision (conversation
     at 8 x 8 classes: a TTFT P50 1.5% from float64's). Tolerance: float32's relative rounding
     (6e-8) summed over <= 32 classes, 1e-5."""
-    from splitwise_jax.workload import coarsen
+    from splitwise_jax.cluster.workload import coarsen
 
     wl = workload(name, 1.0)
     w32 = jnp.asarray(np.asarray(wl.weights, np.float32).astype(np.float64))

@@ -13,7 +13,7 @@ One job per file:
 * `report`, `cli`, `__main__`: the figure, the calibration/ README and
   `python -m splitwise_jax.calibrate`.
 
-The parameter file's format has one home, `splitwise_jax.params`
+The parameter file's format has one home, `splitwise_jax.phases.params`
 (`read_params_file`, `write_params_file`); `Fitted.load` and `Fitted.save` use it.
 
 References:

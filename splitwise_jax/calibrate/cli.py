@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from splitwise_jax import _cli
-from splitwise_jax.calibrate.errors import error_table, markdown_tables, summary_table
+from splitwise_jax.cli import _cli
+from splitwise_jax.calibrate.errors import coverage_markdown, error_table, markdown_tables, summary_table
 from splitwise_jax.calibrate.fit import FitConfig, Fitted, fit, outlier_ids, power_outliers
-from splitwise_jax.calibrate.intervals import coverage_markdown, coverage_table, unseen_gpu_sd
+from splitwise_jax.calibrate.intervals import coverage_table, unseen_gpu_sd
 from splitwise_jax.calibrate.laplace import laplace
 from splitwise_jax.calibrate.report import plot_predicted_vs_measured, report_text
 from splitwise_jax.calibrate.splits import SPLITS, evaluate_split
-from splitwise_jax.catalog import MACHINE_OF_HARDWARE, llm_names
-from splitwise_jax.params import FITTED_PARAMS_FILE
-from splitwise_jax.profiles import flag_outliers, profile_medians
+from splitwise_jax.specs.catalog import MACHINE_OF_HARDWARE, llm_names
+from splitwise_jax.phases.params import FITTED_PARAMS_FILE
+from splitwise_jax.phases.profiles import flag_outliers, profile_medians
 
 #: calibration/ of a checkout (the shipped fit's report goes there).
 _REPO_CALIBRATION = Path(__file__).resolve().parents[2] / "calibration"
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return calibrate_main(argv)
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
-    from splitwise_jax.profiles import load_profiles
+    from splitwise_jax.phases.profiles import load_profiles
 
     ap = build_parser()
     args = ap.parse_args(argv)

@@ -104,3 +104,11 @@ def markdown_tables(predictions: pd.DataFrame) -> str:
         lines.append("")
     return "\n".join(lines)
 
+
+def coverage_markdown(table: pd.DataFrame) -> str:
+    """The coverage table as markdown (one row per split and phase)."""
+    lines = ["| split | phase | level | n | covered |", "|---|---|---:|---:|---:|"]
+    for _, r in table.iterrows():
+        lines.append(f"| {SPLIT_LABELS.get(r['split'], r['split'])} | {r['phase']} | {r['level']:.0%} | {r['n']} | "
+                     f"{r['covered']:.1%} |")
+    return "\n".join(lines)

@@ -35,12 +35,12 @@ import optax
 import pandas as pd
 
 from splitwise_jax.calibrate.rows import _design, gpu_of_hardware, predict_rows
-from splitwise_jax.catalog import CAP_OF_HARDWARE, get_llm
+from splitwise_jax.specs.catalog import CAP_OF_HARDWARE, get_llm
 # The unconstrained space every field is fitted in (bounds, maps both ways); re-exported.
-from splitwise_jax.param_space import _BOUNDED, _HI, _LO, BOUNDS, FIELDS, _from_raw, _to_raw  # noqa: F401
-from splitwise_jax.params import (FITTED_PARAMS_FILE, PRIOR, ParamUncertainty, PhaseParams, params_for_gpu,
+from splitwise_jax.phases.param_space import _BOUNDED, _HI, _LO, BOUNDS, FIELDS, _from_raw, _to_raw  # noqa: F401
+from splitwise_jax.phases.params import (FITTED_PARAMS_FILE, PRIOR, ParamUncertainty, PhaseParams, params_for_gpu,
                                   read_params_file, write_params_file)
-from splitwise_jax.profiles import CONFIG_KEYS, SERIES_KEYS, flag_outliers
+from splitwise_jax.phases.profiles import CONFIG_KEYS, SERIES_KEYS, flag_outliers
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ import pandas as pd
 
 from splitwise_jax.calibrate.fit import _from_raw, _params_of, _to_raw
 from splitwise_jax.calibrate.rows import _bucket, gpu_of_hardware, predict_frame, predict_rows
-from splitwise_jax.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
-from splitwise_jax.profiles import SERIES_KEYS
+from splitwise_jax.specs.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
+from splitwise_jax.phases.profiles import SERIES_KEYS
 
 _PHASES = ("prompt", "token")
 
@@ -126,17 +126,6 @@ def coverage_table(predictions: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"split": split, "phase": ph, "level": float(g["interval_level"].iloc[0]),
                              "n": int(ok.sum()), "covered": float(inside.mean())})
     return pd.DataFrame(rows, columns=["split", "phase", "level", "n", "covered"])
-
-
-def coverage_markdown(table: pd.DataFrame) -> str:
-    """The coverage table as markdown (one row per split and phase)."""
-    from splitwise_jax.calibrate.splits import SPLIT_LABELS
-
-    lines = ["| split | phase | level | n | covered |", "|---|---|---:|---:|---:|"]
-    for _, r in table.iterrows():
-        lines.append(f"| {SPLIT_LABELS.get(r['split'], r['split'])} | {r['phase']} | {r['level']:.0%} | {r['n']} | "
-                     f"{r['covered']:.1%} |")
-    return "\n".join(lines)
 
 
 def unseen_gpu_sd(predictions: pd.DataFrame) -> dict:

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from splitwise_jax.calibrate.fit import FIELDS, FitConfig, Fitted, RawParams, _prepare, _residuals, _to_raw
-from splitwise_jax.params import ParamUncertainty
+from splitwise_jax.phases.params import ParamUncertainty
 
 #: Residual types, in the order `_residual_vector` stacks them.
 _TYPES = ("prompt", "token", "peak_power", "avg_power")

@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from splitwise_jax.batch import Batch
-from splitwise_jax.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
-from splitwise_jax.hardware import GPU, Machine
-from splitwise_jax.params import PhaseParams
-from splitwise_jax.phases import iteration
-from splitwise_jax.profiles import SERIES_KEYS
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.specs.catalog import CAP_OF_HARDWARE, MACHINE_OF_HARDWARE, get_llm, get_machine
+from splitwise_jax.specs.hardware import GPU, Machine
+from splitwise_jax.phases.params import PhaseParams
+from splitwise_jax.phases.phases import iteration
+from splitwise_jax.phases.profiles import SERIES_KEYS
 
 def gpu_of_hardware(hardware: str) -> str:
     """The GPU a profile `hardware` name runs on (the pcap rows are H100s under a cap)."""

@@ -21,8 +21,8 @@ from splitwise_jax.calibrate.fit import FitConfig, fit, outlier_ids
 from splitwise_jax.calibrate.intervals import predict_intervals
 from splitwise_jax.calibrate.laplace import laplace
 from splitwise_jax.calibrate.rows import gpu_of_hardware, predict_frame
-from splitwise_jax.catalog import MACHINE_OF_HARDWARE, get_machine
-from splitwise_jax.profiles import CONFIG_KEYS, SERIES_KEYS
+from splitwise_jax.specs.catalog import MACHINE_OF_HARDWARE, get_machine
+from splitwise_jax.phases.profiles import CONFIG_KEYS, SERIES_KEYS
 
 SPLITS = ("random", "extrapolation", "spec_transfer")
 SPLIT_LABELS = {
@@ -90,7 +90,7 @@ def _spec_scaled_baseline(train_rows: pd.DataFrame, query: pd.DataFrame) -> pd.D
 def _safe_interp(train_rows: pd.DataFrame, query: pd.DataFrame) -> pd.DataFrame:
     """`sim_table.interp_baseline_predict`, series by series; NaN where a series has
     fewer than two training knots."""
-    from splitwise_jax.sim_table import interp_baseline_predict
+    from splitwise_jax.phases.sim_table import interp_baseline_predict
 
     out = pd.DataFrame(index=query.index, columns=["prompt_time", "token_time"], dtype=float)
     for _, q in query.groupby(list(SERIES_KEYS), sort=False):

@@ -20,8 +20,8 @@ One job per file:
 * `report`, `cli`, `__main__`: printing, figures and `python -m splitwise_jax.optimize`.
 
 Example:
-    >>> from splitwise_jax.designs import make_cluster
-    >>> from splitwise_jax.workload import workload, coarsen
+    >>> from splitwise_jax.cluster.designs import make_cluster
+    >>> from splitwise_jax.cluster.workload import workload, coarsen
     >>> wl = coarsen(workload("coding", 70.0), 16, 16)
     >>> res = optimize(make_cluster("splitwise-hh", 1, 1), wl, Problem("cost"))  # doctest: +SKIP
     >>> res.prompt_machines, res.token_machines  # doctest: +SKIP

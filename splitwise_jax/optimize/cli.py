@@ -3,7 +3,7 @@
 Every input is checked before anything compiles (a bad argument costs no minute of
 compilation): argument types, conflicting flags, the workload, the designs, the
 budget against one machine per pool. Bad input exits 2 with a message naming the
-argument (`splitwise_jax._cli`); the computation itself runs outside that net, so a
+argument (`splitwise_jax.cli._cli`); the computation itself runs outside that net, so a
 bug in the optimiser keeps its traceback.
 """
 
@@ -18,7 +18,8 @@ import time
 import jax
 import numpy as np
 
-from splitwise_jax import _cli, _design_args, paper
+from splitwise_jax.cli import _cli, _design_args
+from splitwise_jax.specs import paper
 from splitwise_jax._validate import check_choice
 from splitwise_jax.optimize.compare import compare_designs, headline_ratios, problem_kind
 from splitwise_jax.optimize.confidence import check_confidence
@@ -67,7 +68,7 @@ def _answer_pools(cluster, res, phase_model: str) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from splitwise_jax.designs import DESIGNS, PHASE_MODELS, PRESETS, TRANSFER_MODES
+    from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, PRESETS, TRANSFER_MODES
 
     ap = argparse.ArgumentParser(
         prog="python -m splitwise_jax.optimize",
@@ -156,10 +157,10 @@ def main(argv=None) -> int:
     """Command-line entry point (see docs/optimize.md); bad input exits 2 with a message."""
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
-    from splitwise_jax.designs import DESIGNS, build_cluster, make_cluster
+    from splitwise_jax.cluster.designs import DESIGNS, build_cluster, make_cluster
     from splitwise_jax.optimize.variants import best_variant, variants, variants_table
-    from splitwise_jax.workload import coarsen
-    from splitwise_jax.workload import workload as load_workload
+    from splitwise_jax.cluster.workload import coarsen
+    from splitwise_jax.cluster.workload import workload as load_workload
 
     t_start = time.perf_counter() - _cli.process_seconds()  # so that perf_counter() - t_start is the process's age
     ap = build_parser()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from splitwise_jax import paper
-from splitwise_jax.cluster import Cluster
+from splitwise_jax.specs import paper
+from splitwise_jax.cluster.cluster import Cluster
 from splitwise_jax.optimize.gradient import optimize, prefetch
 from splitwise_jax.optimize.problem import OptimizeResult, Problem, SolverConfig
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.workload import Workload
 
 
 def problem_kind(problem: Problem) -> str:

@@ -37,16 +37,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from splitwise_jax.cluster import Cluster
+from splitwise_jax.cluster.cluster import Cluster
 from splitwise_jax.optimize.integer import _box, _cap_values, _neighbourhood, _spend, _within_budget
 from splitwise_jax.optimize.problem import SLO_NAMES, Candidate, OptimizeResult, Problem, SolverConfig
 from splitwise_jax.optimize.search import search_boundary
 from splitwise_jax.optimize.spec import (CHUNK, RATE_BOUNDS, evaluate_points, is_feasible, make_spec, progress_bar,
                                          with_cap)
-from splitwise_jax.params import ParamUncertainty, load_uncertainty
+from splitwise_jax.phases.params import ParamUncertainty, load_uncertainty
 from splitwise_jax.uncertainty import (ModelFormError, joint_probability, load_model_form, param_log_sd, role_gpus,
                                        sigma_deltas, slo_probability, timing_mode)
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.workload import Workload
 
 #: Cost / power problems search designs spending up to this multiple of the point answer.
 SPEND_CEILING = 2.0

@@ -30,12 +30,12 @@ import optax
 
 from splitwise_jax._smooth import softplus
 from splitwise_jax._exported import cached_jit
-from splitwise_jax.cluster import Cluster, Resolution
+from splitwise_jax.cluster.cluster import Cluster, Resolution
 from splitwise_jax.optimize.integer import binding_constraints, max_rates, repair
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, OptimizeResult, Problem, SolverConfig
 from splitwise_jax.optimize.spec import (CHUNK, RATE_BOUNDS, Spec, SpecInfo, assess, evaluate_points, is_feasible,
                                          make_spec, physical, prefetch_batch, progress_bar, unit_cost, unit_power)
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.workload import Workload
 
 _ADAM = optax.scale_by_adam(b1=0.8, b2=0.9)
 

@@ -25,12 +25,12 @@ import time
 
 import numpy as np
 
-from splitwise_jax.cluster import Cluster, Resolution
+from splitwise_jax.cluster.cluster import Cluster, Resolution
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Candidate, GridResult, Problem, SolverConfig
 from splitwise_jax.optimize.search import search_boundary
 from splitwise_jax.optimize.spec import (FEAS_TOL, RATE_BOUNDS, Spec, SpecInfo, evaluate_points, is_feasible,
                                          make_spec, progress_bar, unit_cost)
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.workload import Workload
 
 def candidates(phys, g, cost, power, objective, metrics=None) -> list[Candidate]:
     out = []

@@ -31,11 +31,11 @@ import numpy as np
 if TYPE_CHECKING:  # imported where used: pandas is 0.2 s of every command line's start
     import pandas as pd
 
-from splitwise_jax.cluster import Cluster
+from splitwise_jax.cluster.cluster import Cluster
 from splitwise_jax.optimize.integer import _box, _cap_values, _spend, max_rates
 from splitwise_jax.optimize.problem import Problem, SolverConfig
 from splitwise_jax.optimize.spec import CHUNK, RATE_BOUNDS, evaluate_points, is_feasible, make_spec, progress_bar
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.workload import Workload
 
 PARETO_OBJECTIVES = ("cost", "power", "throughput")
 #: +1 minimise, -1 maximise; the CSV column each objective reads.

@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from splitwise_jax import catalog, paper
+from splitwise_jax.specs import catalog, paper
 from splitwise_jax._validate import check_choice, check_int, check_positive
-from splitwise_jax.cluster import ClusterMetrics, Resolution
+from splitwise_jax.cluster.cluster import ClusterMetrics, Resolution
 
 OBJECTIVES = ("cost", "power", "throughput")
 FREE_CAPS = ("none", "token", "prompt", "both")

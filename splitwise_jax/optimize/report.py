@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitwise_jax import paper
-from splitwise_jax.cluster import Cluster, ClusterMetrics
+from splitwise_jax.specs import paper
+from splitwise_jax.cluster.cluster import Cluster, ClusterMetrics
 from splitwise_jax.optimize.compare import headline_ratios, metric_of
 from splitwise_jax.optimize.integer import evaluate_plane, same_answer
 from splitwise_jax.optimize.problem import (CONSTRAINT_NAMES, SLO_NAMES, Candidate, GridResult, OptimizeResult,
                                             Problem, SolverConfig)
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.workload import Workload
 
 _UNIT = {"cost": "$/h", "power": "kW provisioned", "throughput": "req/s"}
 

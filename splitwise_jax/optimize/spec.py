@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitwise_jax._caps import cap_floor_frac
+from splitwise_jax.phases._caps import cap_floor_frac
 from splitwise_jax._exported import cached_jit
-from splitwise_jax.cluster import Cluster, ClusterMetrics, Resolution, evaluate
-from splitwise_jax.designs import uniform_names
+from splitwise_jax.cluster.cluster import Cluster, ClusterMetrics, Resolution, evaluate
+from splitwise_jax.cluster.designs import uniform_names
 from splitwise_jax.optimize.problem import CONSTRAINT_NAMES, Problem
-from splitwise_jax.timing import CalibratedTiming
-from splitwise_jax.workload import Workload
+from splitwise_jax.phases.timing import CalibratedTiming
+from splitwise_jax.cluster.workload import Workload
 
 CHUNK = 64  # points per vectorised evaluation: one compiled shape serves every batch
 FEAS_TOL = 1e-9  # budgets met with equality (40 machines on a 40-machine budget) count

@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from splitwise_jax.designs import Design
+from splitwise_jax.cluster.designs import Design
 from splitwise_jax.optimize.problem import OptimizeResult
 
 

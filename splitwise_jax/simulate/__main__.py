@@ -26,7 +26,7 @@ import math
 import sys
 from pathlib import Path
 
-from splitwise_jax import _cli
+from splitwise_jax.cli import _cli
 
 # Long runs show a progress bar on stderr (tqdm) from this many requests on.
 PROGRESS_FROM_REQUESTS = 20_000
@@ -41,7 +41,7 @@ def _whole_machines(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from splitwise_jax.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES
+    from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES
 
     ap = argparse.ArgumentParser(prog="python -m splitwise_jax.simulate", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -80,7 +80,7 @@ def make_trace(a, ap):
     import numpy as np
 
     from splitwise_jax.simulate import trace as trace_mod
-    from splitwise_jax.workload import load_trace, workload as load_workload
+    from splitwise_jax.cluster.workload import load_trace, workload as load_workload
 
     if a.trace is not None:
         if a.rate is not None or a.horizon is not None or a.workload is not None:
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
 
-    from splitwise_jax.designs import DESIGNS, make_cluster
+    from splitwise_jax.cluster.designs import DESIGNS, make_cluster
     from splitwise_jax.simulate import SimConfig, report, simulate
 
     baseline = DESIGNS[a.design].kind == "baseline"
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
                 (("--requests-out", a.requests_out), ("--machines-out", a.machines_out),
                  ("--histogram-out", a.histogram_out))}
         if a.specs is not None:
-            from splitwise_jax.catalog import load_specs
+            from splitwise_jax.specs.catalog import load_specs
             load_specs(_cli.input_file("--specs", a.specs))
         tr = make_trace(a, ap)
         cluster = make_cluster(a.design, sizes[0], sizes[1] if not baseline else 0.0, model=a.model,
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(d))
     else:
-        from splitwise_jax.evaluate import format_table
+        from splitwise_jax.cli.evaluate import format_table
         what = f"{sizes[0]} machines" if baseline else f"{sizes[0]} prompt + {sizes[1]} token machines"
         print(format_table(d, f"{a.design}, {what}, {a.model}, {len(tr)} requests ({tr.name}), "
                               f"{a.phase_model} phases, simulated"))

@@ -48,7 +48,7 @@ class SimResult(NamedTuple):
 
 
 def _slo_default():
-    from splitwise_jax.cluster import PAPER_SLO
+    from splitwise_jax.cluster.cluster import PAPER_SLO
     return PAPER_SLO
 
 
@@ -74,7 +74,7 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
         `SimResult`.
 
     Example:
-        >>> from splitwise_jax.designs import make_cluster
+        >>> from splitwise_jax.cluster.designs import make_cluster
         >>> from splitwise_jax.simulate import simulate, trace
         >>> c = make_cluster("splitwise-hh", 27, 3, phase_model="splitwise-sim-table")
         >>> r = simulate(c, trace.from_csv("rr_code_70_2min.csv"))  # doctest: +SKIP

@@ -276,7 +276,7 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cl
 
     P, T = cluster.prompt, cluster.token
     cost = n_p * float(P.machine.cost_per_hour) + (n_t * float(T.machine.cost_per_hour) if n_t else 0.0)
-    from splitwise_jax import power as _power
+    from splitwise_jax.phases import power as _power
     prov = n_p * float(_power.provisioned_power_w(P.machine, P.cap_frac))
     if n_t:
         prov += n_t * float(_power.provisioned_power_w(T.machine, T.cap_frac))

@@ -2,7 +2,7 @@
 
 A simulated run times 10^4-10^5 iterations one at a time, each as soon as the batch is
 chosen; a JAX call per iteration costs tens to hundreds of microseconds. So each
-machine type's strategy (`splitwise_jax.timing`) is evaluated once, vectorised, on the
+machine type's strategy (`splitwise_jax.phases.timing`) is evaluated once, vectorised, on the
 batches the run can produce, and the event loop reads Python lists:
 
 * `TableTiming` (any strategy whose time depends only on the batch's token counts, i.e.
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitwise_jax.batch import Batch
+from splitwise_jax.specs.batch import Batch
 
 __all__ = ["iteration_s", "power_w", "alone_s", "FastTiming", "TableTiming", "GridTiming", "fast_timing"]
 
@@ -63,7 +63,7 @@ def iteration_s(timing, P, n, S, B, C):
     """Iteration time (s) of a strategy for batches given field by field (arrays broadcast).
 
     Args:
-        timing: a phase-timing strategy (`splitwise_jax.timing`).
+        timing: a phase-timing strategy (`splitwise_jax.phases.timing`).
         P: prompt tokens; n: prompts; S: sum of squared prompt lengths (tokens^2);
         B: decoding requests; C: sum of their context lengths (tokens).
     """
@@ -111,7 +111,7 @@ _CHUNK = 4096
 def _uniform(timing):
     # Static names (machine, GPU, model) are part of the pytree structure: each distinct
     # name would compile anew. The numbers are what matter here.
-    from splitwise_jax.designs import uniform_names
+    from splitwise_jax.cluster.designs import uniform_names
     return uniform_names(timing)
 
 

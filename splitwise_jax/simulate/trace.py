@@ -1,7 +1,7 @@
 """Request traces for the simulator: a user's CSV, or Poisson arrivals from a workload.
 
 A trace is one row per request: its arrival time and its prompt and output sizes in
-whole tokens. `from_csv` reads the formats `splitwise_jax.workload.load_trace` reads
+whole tokens. `from_csv` reads the formats `splitwise_jax.cluster.workload.load_trace` reads
 (SplitwiseSim's, the Azure trace's, or the normalised one) and keeps their own arrival
 times. `poisson` samples a trace the way SplitwiseSim's generator does (exponential
 inter-arrival times, sizes drawn independently of one another), from a `Workload`'s
@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from splitwise_jax.workload import Workload, load_trace
+from splitwise_jax.cluster.workload import Workload, load_trace
 
 __all__ = ["RequestTrace", "from_csv", "poisson"]
 

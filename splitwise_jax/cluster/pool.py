@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.batch import Batch
+from splitwise_jax.specs.batch import Batch
 
 _NEWTON_ITERS = 12
 # The iteration stops once a step moves log B less than this (in float64; `_newton_tol`),

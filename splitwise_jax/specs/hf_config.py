@@ -6,7 +6,7 @@ layers, heads, KV heads, hidden and MLP sizes, vocabulary, experts (routed, acti
 token, shared, their MLP sizes, which layers are MoE), multi-latent attention's ranks
 and head widths, and the precision (``torch_dtype``, or ``dtype`` in newer files; fp8
 when ``quantization_config`` says so). The parameter count is computed from the
-architecture (`llm.param_count`; formula in the `splitwise_jax.llm` docstring): a
+architecture (`llm.param_count`; formula in the `splitwise_jax.specs.llm` docstring): a
 config file does not state it. DeepSeek-V3's multi-token-prediction module
 (``num_nextn_predict_layers``, ~14B parameters) is not counted: it is not used to serve
 tokens in the standard deployment (its 671B total excludes it).
@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from splitwise_jax.llm import LLM, MLA, MoE, canonical_dtype, param_count
+from splitwise_jax.specs.llm import LLM, MLA, MoE, canonical_dtype, param_count
 
 FAMILIES = ("deepseek_v2", "deepseek_v3", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
             "qwen3_moe")

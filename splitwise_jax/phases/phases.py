@@ -84,15 +84,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitwise_jax._caps import cap_floor_frac
+from splitwise_jax.phases._caps import cap_floor_frac
 from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos, smooth_min_one
 from splitwise_jax._validate import check_positive, check_range, is_concrete
-from splitwise_jax.batch import Batch
-from splitwise_jax.hardware import GPU, Machine
-from splitwise_jax.llm import LLM
-from splitwise_jax.memory import experts_touched, kv_bytes_per_token_stored, resolve_tp, streamed_weight_bytes_per_gpu
-from splitwise_jax.params import PhaseParams
-from splitwise_jax import power as _power
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.specs.hardware import GPU, Machine
+from splitwise_jax.specs.llm import LLM
+from splitwise_jax.phases.memory import experts_touched, kv_bytes_per_token_stored, resolve_tp, streamed_weight_bytes_per_gpu
+from splitwise_jax.phases.params import PhaseParams
+from splitwise_jax.phases import power as _power
 
 _ACT_BYTES = 2.0  # fp16 activations in all-reduce
 # Fixed costs are given for a GPU with this HBM bandwidth (A100-80GB's 2,039 GB/s) and

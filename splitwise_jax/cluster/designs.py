@@ -41,15 +41,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from splitwise_jax import catalog, kv_transfer, memory
-from splitwise_jax._caps import cap_floor_frac
+from splitwise_jax.specs import catalog
+from splitwise_jax.phases import kv_transfer, memory
+from splitwise_jax.phases._caps import cap_floor_frac
 from splitwise_jax._validate import check_choice, check_int, check_positive, check_range
-from splitwise_jax.chunked import DEFAULT_TOKEN_BUDGET, ChunkedScheduling
-from splitwise_jax.cluster import Cluster, Scheduling, Transfer
-from splitwise_jax.hardware import Machine
-from splitwise_jax.llm import LLM
-from splitwise_jax.provenance import Provenance, params_for, provenance
-from splitwise_jax.timing import CalibratedTiming, SimTableTiming
+from splitwise_jax.cluster.chunked import DEFAULT_TOKEN_BUDGET, ChunkedScheduling
+from splitwise_jax.cluster.cluster import Cluster, Scheduling, Transfer
+from splitwise_jax.specs.hardware import Machine
+from splitwise_jax.specs.llm import LLM
+from splitwise_jax.phases.provenance import Provenance, params_for, provenance
+from splitwise_jax.phases.timing import CalibratedTiming, SimTableTiming
 
 ROLES = ("prompt", "token", "colocated")
 PHASE_MODELS = ("calibrated", "splitwise-sim-table")
@@ -212,7 +213,7 @@ def get_design(name: str) -> Design:
 
 @lru_cache(maxsize=32)
 def _table(model: str, hardware: str, profiles_path: str | None):
-    from splitwise_jax.sim_table import SimTable
+    from splitwise_jax.phases.sim_table import SimTable
 
     return SimTable.from_profiles(profiles_path, model, hardware, 8)
 

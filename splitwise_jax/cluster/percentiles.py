@@ -34,8 +34,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax.quantiles import _logit_of, bracket, implicit_root, rebracket, refine
-from splitwise_jax.queueing import WaitModel, wait_cdf_busy
+from splitwise_jax.cluster.quantiles import _logit_of, bracket, implicit_root, rebracket, refine
+from splitwise_jax.cluster.queueing import WaitModel, wait_cdf_busy
 
 PERCENTILES = (0.5, 0.9, 0.99)
 # Logistic scale matching a normal of s.d. 1 at the median: cheaper than erf, as smooth.

@@ -112,7 +112,7 @@ class SimTable:
         """The simulator's table for one (model, hardware, TP) from the profile rows.
 
         Args:
-            df_or_path: the profile rows (as from :func:`~splitwise_jax.profiles.load_profiles`,
+            df_or_path: the profile rows (as from :func:`~splitwise_jax.phases.profiles.load_profiles`,
                 or a raw table, which is validated), or a CSV path, or None for the
                 shared ``perf_model.csv``.
             model: e.g. ``"bloom-176b"``, ``"llama2-70b"``.

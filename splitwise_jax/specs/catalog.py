@@ -44,8 +44,8 @@ import tomllib
 from pathlib import Path
 
 from splitwise_jax._validate import check_choice
-from splitwise_jax.hardware import GPU, Machine
-from splitwise_jax.llm import DTYPE_BYTES, LLM, MLA, MoE, canonical_dtype, dtype_from_bytes, param_count
+from splitwise_jax.specs.hardware import GPU, Machine
+from splitwise_jax.specs.llm import DTYPE_BYTES, LLM, MLA, MoE, canonical_dtype, dtype_from_bytes, param_count
 
 GIB = 2.0**30
 
@@ -291,7 +291,7 @@ def _check_entry(path, kind, i, entry) -> dict:
 def _llm_from_entry(path: Path, e: dict) -> LLM:
     """An LLM from a checked spec-file entry (see docs/specs.md)."""
     if "hf_config" in e:
-        from splitwise_jax.hf_config import load_hf_config  # I/O at the edge, only when asked
+        from splitwise_jax.specs.hf_config import load_hf_config  # I/O at the edge, only when asked
 
         cfg = Path(e["hf_config"]).expanduser()
         cfg = cfg if cfg.is_absolute() else path.parent / cfg

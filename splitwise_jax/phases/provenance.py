@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from splitwise_jax._paths import PACKAGE_DATA
-from splitwise_jax.catalog import get_gpu, gpu_names
-from splitwise_jax.hardware import GPU
-from splitwise_jax.llm import LLM
-from splitwise_jax.params import PRIOR, PhaseParams, load_params
+from splitwise_jax.specs.catalog import get_gpu, gpu_names
+from splitwise_jax.specs.hardware import GPU
+from splitwise_jax.specs.llm import LLM
+from splitwise_jax.phases.params import PRIOR, PhaseParams, load_params
 
 HELD_OUT_ERRORS_FILE = PACKAGE_DATA / "held_out_errors.json"
 # errors.csv hardware names: the capped rows are the H100 at 70% of TDP

@@ -23,11 +23,11 @@ from typing import Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax import phases, sim_table
-from splitwise_jax.batch import Batch
-from splitwise_jax.hardware import Machine
-from splitwise_jax.llm import LLM
-from splitwise_jax.params import PhaseParams
+from splitwise_jax.phases import phases, sim_table
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.specs.hardware import Machine
+from splitwise_jax.specs.llm import LLM
+from splitwise_jax.phases.params import PhaseParams
 
 _STATIC = dict(static=True)
 

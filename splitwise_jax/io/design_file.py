@@ -43,8 +43,8 @@ import math
 import tomllib
 from pathlib import Path
 
-from splitwise_jax.cluster import Scheduling
-from splitwise_jax.designs import ROLES, TRANSFER_MODES, Design, Pool
+from splitwise_jax.cluster.cluster import Scheduling
+from splitwise_jax.cluster.designs import ROLES, TRANSFER_MODES, Design, Pool
 
 _TOP = {"name", "pool", "transfer", "scheduler"}
 _POOL = {"role", "machine", "count", "cap", "tp"}

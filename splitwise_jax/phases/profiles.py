@@ -1,7 +1,7 @@
 """The measured inference profiles of SplitwiseSim (``perf_model.csv``): load, check, summarise.
 
 This is I/O at the outer edge of the package: everything downstream (the simulator's own
-phase table in :mod:`splitwise_jax.sim_table`, calibration) works on the validated
+phase table in :mod:`splitwise_jax.phases.sim_table`, calibration) works on the validated
 ``pandas.DataFrame`` returned here, never on the raw file.
 
 What the file holds (see ``shared/data/README.md``): one row per measured run, five
@@ -37,7 +37,7 @@ import numpy as np
 if TYPE_CHECKING:  # imported where used: pandas is 0.2 s of every command line's start
     import pandas as pd
 
-from ._paths import profiles_csv
+from splitwise_jax._paths import profiles_csv
 
 __all__ = [
     "CONFIG_KEYS",

@@ -18,8 +18,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_pos
-from splitwise_jax.hardware import GPU, Machine
-from splitwise_jax.params import PhaseParams
+from splitwise_jax.specs.hardware import GPU, Machine
+from splitwise_jax.phases.params import PhaseParams
 
 
 def power_cap_w(gpu: GPU, cap_frac):

@@ -31,196 +31,36 @@ bandwidths and rates, and differentiates with respect to all of them.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import field
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.stats import norm
 
-from splitwise_jax import kv_transfer, memory, power
-from splitwise_jax.batch import Batch
-from splitwise_jax.paper import TABLE_VI_SLO
+from splitwise_jax.phases import kv_transfer, memory, power
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.specs.paper import TABLE_VI_SLO
 from splitwise_jax._smooth import safe_div, smooth_max_pos, smooth_min_one, smooth_min_pos, softplus
-from splitwise_jax.pool import PoolState, interruptions_per_step, pool_state, pool_states
-from splitwise_jax.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
+from splitwise_jax.cluster.pool import PoolState, interruptions_per_step, pool_state, pool_states
+from splitwise_jax.cluster.percentiles import (PERCENTILES, Mixture, Resolution, busy_table, busy_wait_moments,
                                      merge_routes, quantiles)
-from splitwise_jax.queueing import Burstiness, WaitModel, burst_size, wait_cdf_busy, wait_model
-from splitwise_jax.timing import PhaseTiming
-from splitwise_jax.workload import Workload
+from splitwise_jax.cluster.queueing import Burstiness, WaitModel, burst_size, wait_cdf_busy, wait_model
+from splitwise_jax.cluster.workload import Workload
+from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute
+from splitwise_jax.cluster.types import Cluster as Cluster
+from splitwise_jax.cluster.types import ClusterMetrics as ClusterMetrics
+from splitwise_jax.cluster.types import Scheduling as Scheduling
+from splitwise_jax.cluster.types import Transfer as Transfer
+from splitwise_jax.cluster.types import _kv_capacity_tokens
 
-_STATIC = dict(static=True)
 # Splitwise Table VI: slowdown limits at P50, P90, P99 for TTFT, TBT, E2E (paper.py).
 PAPER_SLO = TABLE_VI_SLO
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Transfer:
-    """How the KV cache moves between machines.
-
-    Attributes:
-        bandwidth_bytes_per_s: bytes/s of one transfer.
-        setup_s: fixed cost per transfer (s).
-        mode: "serialized" or "layerwise" (static).
-        ignore_gqa: size the cache with every attention head, as SplitwiseSim does (static).
-    """
-
-    bandwidth_bytes_per_s: jax.Array | float
-    setup_s: jax.Array | float
-    mode: str = field(default="serialized", metadata=_STATIC)
-    ignore_gqa: bool = field(default=False, metadata=_STATIC)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Scheduling:
-    """Scheduler knobs (floats are traced). Defaults are SplitwiseSim's settings
-    (shared/validation/README.md and its scheduler configuration).
-
-    Attributes:
-        max_batch_tokens: tokens one iteration may carry (prompt tokens + one per
-            decode); a larger prompt runs alone and the decodes wait (2,048).
-        draft_pending_tokens: a prompt is drafted onto a token machine (the mixed pool)
-            when the least-loaded prompt machine has a queue and its pending tokens plus
-            this prompt would exceed this (8,192).
-        memory_reserve_frac: HBM fraction not available to the KV cache.
-        service_jitter_rel: relative spread given to each class's deterministic
-            latency (the width of a workload bin and the profiles' ~1-2% repeat noise);
-            it also turns CDF steps into slopes so percentiles have gradients.
-    """
-
-    max_batch_tokens: jax.Array | float = 2048.0
-    draft_pending_tokens: jax.Array | float = 8192.0
-    memory_reserve_frac: jax.Array | float = 0.0
-    service_jitter_rel: jax.Array | float = 0.03
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """A cluster design with its pool sizes (continuous) and phase timings.
-
-    Attributes:
-        prompt: timing of the prompt-pool machines (all machines, for a baseline).
-        token: timing of the token-pool machines (unused by a baseline).
-        alone: timing of the slowdown reference (one DGX-A100 at full power).
-        n_prompt: prompt machines (a baseline's machine count).
-        n_token: token machines (0 for a baseline).
-        transfer: KV-cache transfer.
-        scheduling: scheduler knobs.
-        kind: "baseline" or "splitwise" (static).
-        name: design name (static).
-    """
-
-    prompt: PhaseTiming
-    token: PhaseTiming
-    alone: PhaseTiming
-    n_prompt: jax.Array | float
-    n_token: jax.Array | float
-    transfer: Transfer
-    scheduling: Scheduling = Scheduling()
-    kind: str = field(default="splitwise", metadata=_STATIC)
-    name: str = field(default="custom", metadata=_STATIC)
-
-    def replace(self, **changes) -> "Cluster":
-        return dataclasses.replace(self, **changes)
-
-
-class ClusterMetrics(NamedTuple):
-    """Outputs of `evaluate` (arrays; leading axes follow any vmap).
-
-    Percentile triples are (P50, P90, P99). `status` bits: 1 prompt pool overloaded,
-    2 token pool overloaded, 4 KV memory full, 8 mixed pool active (>5% of prompts or
-    decodes moved across pools).
-    """
-
-    ttft_s: jax.Array
-    tbt_s: jax.Array
-    e2e_s: jax.Array
-    slowdown_ttft: jax.Array
-    slowdown_tbt: jax.Array
-    slowdown_e2e: jax.Array
-    slo_margin: jax.Array          # (3, 3) log(limit / slowdown): > 0 meets
-    meets_slo: jax.Array
-    throughput_rps: jax.Array
-    cost_per_hour: jax.Array
-    power_kw: jax.Array
-    provisioned_power_kw: jax.Array
-    rho_prompt_pool: jax.Array
-    rho_token_pool: jax.Array      # prompt load drafted onto token machines
-    batch_prompt_pool: jax.Array
-    batch_token_pool: jax.Array
-    memory_pressure: jax.Array     # KV memory asked for / memory there (token pool; baseline: all)
-    mixed_prompt_frac: jax.Array   # prompts drafted onto token machines
-    mixed_decode_frac: jax.Array   # decodes moved to prompt machines
-    status: jax.Array
 
 
 # Components of the count mixture: 0, 1, ..., _EXACT_COUNTS - 1 prompt iterations a
 # decode sits through, exactly, plus one lumped component for all larger counts (its
 # conditional mean and variance; for long decodes it is the old Gaussian sum).
 _EXACT_COUNTS = 4
-
-
-class Classes(NamedTuple):
-    """Request classes of a workload: K prompt sizes x M output sizes."""
-
-    p: jax.Array          # (K,) prompt tokens
-    p_sq: jax.Array       # (K,)
-    o: jax.Array          # (M,) output tokens
-    w: jax.Array          # (K, M) joint probability
-    wp: jax.Array         # (K,) prompt marginal
-    iters: jax.Array      # (M,) decode iterations o - 1
-    mean_iters: jax.Array
-    ctx: jax.Array        # mean KV context of a decoding request (tokens)
-
-
-class PromptRoute(NamedTuple):
-    state: PoolState
-    wait: WaitModel
-    weight: jax.Array     # (K,) share of each prompt class taking this route
-    backlog_s: jax.Array | float = 0.0  # queue left by earlier windows of a trace (s)
-    # A share of the route's prompts that run on machines in another state (the prompt
-    # pool's mixed machines, which hold moved decodes): same wait, their own prompt
-    # iteration and residual. TTFT keeps the two apart; E2E blends their means.
-    other_state: PoolState | None = None
-    other_share: jax.Array | float = 0.0
-
-
-class DecodeRoute(NamedTuple):
-    state: PoolState
-    weight: jax.Array     # (K, M) share of each class's decodes taking this route
-    transfer_s: jax.Array  # (K,) KV transfer before the decode
-    join_s: jax.Array     # wait to join the running batch
-    # Prompt iterations of the decode's own burst (a trace's arrivals) queued behind its
-    # prompt on its machine, which run before its decode steps: mean and variance.
-    burst_iters: jax.Array | float = 0.0
-    burst_iters_var: jax.Array | float = 0.0
-    # Decode steps that sit through prompt interference at this route's rate: all of
-    # them in a steady state; in a trace's queued regime only those before the pool's
-    # backlog drains (`_windowed_components`).
-    interfered_steps: jax.Array | float = 1e9
-    # The decode's first step waits out the prompt iteration its machine is running when
-    # it arrives (the moved decodes, on mixed machines that run drafted prompts): that
-    # chance, and the residual iteration's mean and second moment (s, s^2).
-    first_busy: jax.Array | float = 0.0
-    first_wait_s: jax.Array | float = 0.0
-    first_wait_s2: jax.Array | float = 0.0
-
-
-class Flows(NamedTuple):
-    """Who runs where: each pool's steady state and each route's share."""
-
-    prompt_routes: tuple
-    decode_routes: tuple
-    st_p: PoolState
-    st_t: PoolState | None
-    drafted: jax.Array        # (K,) share of each prompt class drafted onto token machines
-    moved: jax.Array          # share of decodes run on prompt machines
-    memory_pressure: jax.Array
-    loads: tuple              # saturation measures (1 = full) that cap throughput
 
 
 def _classes(wl: Workload) -> Classes:
@@ -233,11 +73,6 @@ def _classes(wl: Workload) -> Classes:
     # Context of a decoding request, averaged over its decode iterations.
     ctx = jnp.sum(w * iters[None, :] * (p[:, None] + 0.5 * o[None, :])) / jnp.maximum(mean_iters, 1e-9)
     return Classes(p, p * p, o, w, wp, iters, mean_iters, ctx)
-
-
-def _kv_capacity_tokens(timing: PhaseTiming, cluster: "Cluster"):
-    return memory.kv_capacity_tokens(timing.llm, timing.machine, reserve_frac=cluster.scheduling.memory_reserve_frac,
-                                     ignore_gqa=cluster.transfer.ignore_gqa)
 
 
 def _transfer_s(cluster: "Cluster", p, prompt_s):
@@ -1005,7 +840,7 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
         if cluster.kind == "baseline":
             return _baseline_flows(cluster, cls, rate, cv2, horizon)
         if cluster.kind == "chunked":
-            from splitwise_jax.chunked import chunked_flows  # chunked.py imports this module
+            from splitwise_jax.cluster.chunked import chunked_flows  # only chunked designs need it
             return chunked_flows(cluster, cls, rate, cv2, horizon, resolution)
         return _splitwise_flows(cluster, cls, rate, cv2, horizon, resolution)
 

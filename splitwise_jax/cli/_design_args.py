@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import math
 
-from splitwise_jax import _cli, catalog
-from splitwise_jax.designs import Design, get_design
-from splitwise_jax.llm import LLM, canonical_dtype
-from splitwise_jax.provenance import Provenance
+from splitwise_jax.cli import _cli
+from splitwise_jax.specs import catalog
+from splitwise_jax.cluster.designs import Design, get_design
+from splitwise_jax.specs.llm import LLM, canonical_dtype
+from splitwise_jax.phases.provenance import Provenance
 
 DEFAULT_MODEL = "bloom-176b"
 _POOL_FORM = "MACHINE[,MACHINE...][:COUNT][@CAP][/TP]"
@@ -58,7 +59,7 @@ def model_from_args(args) -> LLM:
     if args.specs is not None:
         catalog.load_specs(_cli.input_file("--specs", args.specs))
     if args.hf_config is not None:
-        from splitwise_jax.hf_config import load_hf_config  # file reading, only when asked
+        from splitwise_jax.specs.hf_config import load_hf_config  # file reading, only when asked
 
         try:
             llm = load_hf_config(args.hf_config, name=args.model)
@@ -97,7 +98,7 @@ def design_from_args(args, *, preset_sizes=None, chunked_prefill: float | None =
         chunked_prefill: a prompt-token budget that makes a colocated design chunked.
         default_design: the preset when none of the three is given.
     """
-    from splitwise_jax.design_file import load_design, parse_pool_flag
+    from splitwise_jax.io.design_file import load_design, parse_pool_flag
 
     flags = _pool_flags(args)
     sources = [s for s, on in (("--design", args.design is not None), ("--design-file", args.design_file is not None),
@@ -163,7 +164,7 @@ def provenance_dict(prov: Provenance, capped: bool) -> dict:
 
 def pools_dict(cluster, params_path=None, phase_model: str = "calibrated") -> list[dict]:
     """One JSON object per pool: role, machine, GPU, count, cap, tp and `provenance`."""
-    from splitwise_jax.designs import cluster_pools, pool_provenance
+    from splitwise_jax.cluster.designs import cluster_pools, pool_provenance
 
     provs = dict(pool_provenance(cluster, params_path))
     out = []

@@ -33,7 +33,7 @@ import numpy as np
 if TYPE_CHECKING:  # imported where used: pandas is 0.2 s of every command line's start
     import pandas as pd
 
-from ._paths import PACKAGE_DATA
+from splitwise_jax._paths import PACKAGE_DATA
 
 PRESET_RATE_PER_S = 70.0
 """Default arrival rate of the presets, req/s: the load of the paper's Fig. 12."""

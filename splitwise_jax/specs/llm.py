@@ -198,7 +198,7 @@ class LLM:
             v = getattr(self, f)
             if v not in DTYPE_BYTES:
                 raise ValueError(f"LLM({self.name}).{f} must be one of {sorted(DTYPE_BYTES)}, got {v!r} "
-                                 "(splitwise_jax.llm.canonical_dtype maps aliases such as 'bfloat16')")
+                                 "(splitwise_jax.specs.llm.canonical_dtype maps aliases such as 'bfloat16')")
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ValueError(f"LLM({self.name}): d_model ({self.d_model}) must be divisible by n_heads "

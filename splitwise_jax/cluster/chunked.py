@@ -72,10 +72,10 @@ import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
-from splitwise_jax.batch import Batch
-from splitwise_jax.cluster import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
-from splitwise_jax.pool import PoolState, jsq_share, newton_log_root
-from splitwise_jax.queueing import prob_wait, wait_model
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
+from splitwise_jax.cluster.pool import PoolState, jsq_share, newton_log_root
+from splitwise_jax.cluster.queueing import prob_wait, wait_model
 
 #: Prompt tokens per iteration by default: vLLM's default when it turned chunked prefill
 #: on (PR #4580, May 2024: "512 has the best ITL/TTFT balance at various qps on A100").

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitwise_jax.params import PhaseParams
+from splitwise_jax.phases.params import PhaseParams
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PhaseParams))
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from splitwise_jax._smooth import softplus
 from splitwise_jax._validate import check_positive
-from splitwise_jax.hardware import Machine
-from splitwise_jax.llm import LLM
-from splitwise_jax.memory import kv_bytes_per_token, resolve_tp
-from splitwise_jax.params import PhaseParams
+from splitwise_jax.specs.hardware import Machine
+from splitwise_jax.specs.llm import LLM
+from splitwise_jax.phases.memory import kv_bytes_per_token, resolve_tp
+from splitwise_jax.phases.params import PhaseParams
 
 # Softplus temperature (s) on the non-overlapped excess; 1 ms keeps the corner smooth
 # and is below the profiles' timing noise.

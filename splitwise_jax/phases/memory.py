@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
 from splitwise_jax._validate import check_positive, check_range
-from splitwise_jax.hardware import Machine
-from splitwise_jax.llm import LLM
+from splitwise_jax.specs.hardware import Machine
+from splitwise_jax.specs.llm import LLM
 
 GB = 1e9
 

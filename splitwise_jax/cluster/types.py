@@ -1,0 +1,188 @@
+"""The cluster's data types, shared by the steady-state model (`cluster`) and its
+chunked-prefill scheduling (`chunked`): the design (`Cluster`, `Transfer`, `Scheduling`),
+its outputs (`ClusterMetrics`) and the routing state the two build (`Classes`,
+`PromptRoute`, `DecodeRoute`, `Flows`). Split out of `cluster` so that `chunked` needs
+no import of it (the two imported each other).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import NamedTuple
+
+import jax
+
+from splitwise_jax.cluster.pool import PoolState
+from splitwise_jax.cluster.queueing import WaitModel
+from splitwise_jax.phases import memory
+from splitwise_jax.phases.timing import PhaseTiming
+
+_STATIC = dict(static=True)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """How the KV cache moves between machines.
+
+    Attributes:
+        bandwidth_bytes_per_s: bytes/s of one transfer.
+        setup_s: fixed cost per transfer (s).
+        mode: "serialized" or "layerwise" (static).
+        ignore_gqa: size the cache with every attention head, as SplitwiseSim does (static).
+    """
+
+    bandwidth_bytes_per_s: jax.Array | float
+    setup_s: jax.Array | float
+    mode: str = field(default="serialized", metadata=_STATIC)
+    ignore_gqa: bool = field(default=False, metadata=_STATIC)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Scheduling:
+    """Scheduler knobs (floats are traced). Defaults are SplitwiseSim's settings
+    (shared/validation/README.md and its scheduler configuration).
+
+    Attributes:
+        max_batch_tokens: tokens one iteration may carry (prompt tokens + one per
+            decode); a larger prompt runs alone and the decodes wait (2,048).
+        draft_pending_tokens: a prompt is drafted onto a token machine (the mixed pool)
+            when the least-loaded prompt machine has a queue and its pending tokens plus
+            this prompt would exceed this (8,192).
+        memory_reserve_frac: HBM fraction not available to the KV cache.
+        service_jitter_rel: relative spread given to each class's deterministic
+            latency (the width of a workload bin and the profiles' ~1-2% repeat noise);
+            it also turns CDF steps into slopes so percentiles have gradients.
+    """
+
+    max_batch_tokens: jax.Array | float = 2048.0
+    draft_pending_tokens: jax.Array | float = 8192.0
+    memory_reserve_frac: jax.Array | float = 0.0
+    service_jitter_rel: jax.Array | float = 0.03
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A cluster design with its pool sizes (continuous) and phase timings.
+
+    Attributes:
+        prompt: timing of the prompt-pool machines (all machines, for a baseline).
+        token: timing of the token-pool machines (unused by a baseline).
+        alone: timing of the slowdown reference (one DGX-A100 at full power).
+        n_prompt: prompt machines (a baseline's machine count).
+        n_token: token machines (0 for a baseline).
+        transfer: KV-cache transfer.
+        scheduling: scheduler knobs.
+        kind: "baseline" or "splitwise" (static).
+        name: design name (static).
+    """
+
+    prompt: PhaseTiming
+    token: PhaseTiming
+    alone: PhaseTiming
+    n_prompt: jax.Array | float
+    n_token: jax.Array | float
+    transfer: Transfer
+    scheduling: Scheduling = Scheduling()
+    kind: str = field(default="splitwise", metadata=_STATIC)
+    name: str = field(default="custom", metadata=_STATIC)
+
+    def replace(self, **changes) -> "Cluster":
+        return dataclasses.replace(self, **changes)
+
+
+class ClusterMetrics(NamedTuple):
+    """Outputs of `evaluate` (arrays; leading axes follow any vmap).
+
+    Percentile triples are (P50, P90, P99). `status` bits: 1 prompt pool overloaded,
+    2 token pool overloaded, 4 KV memory full, 8 mixed pool active (>5% of prompts or
+    decodes moved across pools).
+    """
+
+    ttft_s: jax.Array
+    tbt_s: jax.Array
+    e2e_s: jax.Array
+    slowdown_ttft: jax.Array
+    slowdown_tbt: jax.Array
+    slowdown_e2e: jax.Array
+    slo_margin: jax.Array          # (3, 3) log(limit / slowdown): > 0 meets
+    meets_slo: jax.Array
+    throughput_rps: jax.Array
+    cost_per_hour: jax.Array
+    power_kw: jax.Array
+    provisioned_power_kw: jax.Array
+    rho_prompt_pool: jax.Array
+    rho_token_pool: jax.Array      # prompt load drafted onto token machines
+    batch_prompt_pool: jax.Array
+    batch_token_pool: jax.Array
+    memory_pressure: jax.Array     # KV memory asked for / memory there (token pool; baseline: all)
+    mixed_prompt_frac: jax.Array   # prompts drafted onto token machines
+    mixed_decode_frac: jax.Array   # decodes moved to prompt machines
+    status: jax.Array
+
+
+class Classes(NamedTuple):
+    """Request classes of a workload: K prompt sizes x M output sizes."""
+
+    p: jax.Array          # (K,) prompt tokens
+    p_sq: jax.Array       # (K,)
+    o: jax.Array          # (M,) output tokens
+    w: jax.Array          # (K, M) joint probability
+    wp: jax.Array         # (K,) prompt marginal
+    iters: jax.Array      # (M,) decode iterations o - 1
+    mean_iters: jax.Array
+    ctx: jax.Array        # mean KV context of a decoding request (tokens)
+
+
+class PromptRoute(NamedTuple):
+    state: PoolState
+    wait: WaitModel
+    weight: jax.Array     # (K,) share of each prompt class taking this route
+    backlog_s: jax.Array | float = 0.0  # queue left by earlier windows of a trace (s)
+    # A share of the route's prompts that run on machines in another state (the prompt
+    # pool's mixed machines, which hold moved decodes): same wait, their own prompt
+    # iteration and residual. TTFT keeps the two apart; E2E blends their means.
+    other_state: PoolState | None = None
+    other_share: jax.Array | float = 0.0
+
+
+class DecodeRoute(NamedTuple):
+    state: PoolState
+    weight: jax.Array     # (K, M) share of each class's decodes taking this route
+    transfer_s: jax.Array  # (K,) KV transfer before the decode
+    join_s: jax.Array     # wait to join the running batch
+    # Prompt iterations of the decode's own burst (a trace's arrivals) queued behind its
+    # prompt on its machine, which run before its decode steps: mean and variance.
+    burst_iters: jax.Array | float = 0.0
+    burst_iters_var: jax.Array | float = 0.0
+    # Decode steps that sit through prompt interference at this route's rate: all of
+    # them in a steady state; in a trace's queued regime only those before the pool's
+    # backlog drains (`_windowed_components`).
+    interfered_steps: jax.Array | float = 1e9
+    # The decode's first step waits out the prompt iteration its machine is running when
+    # it arrives (the moved decodes, on mixed machines that run drafted prompts): that
+    # chance, and the residual iteration's mean and second moment (s, s^2).
+    first_busy: jax.Array | float = 0.0
+    first_wait_s: jax.Array | float = 0.0
+    first_wait_s2: jax.Array | float = 0.0
+
+
+class Flows(NamedTuple):
+    """Who runs where: each pool's steady state and each route's share."""
+
+    prompt_routes: tuple
+    decode_routes: tuple
+    st_p: PoolState
+    st_t: PoolState | None
+    drafted: jax.Array        # (K,) share of each prompt class drafted onto token machines
+    moved: jax.Array          # share of decodes run on prompt machines
+    memory_pressure: jax.Array
+    loads: tuple              # saturation measures (1 = full) that cap throughput
+
+
+def _kv_capacity_tokens(timing: PhaseTiming, cluster: "Cluster"):
+    return memory.kv_capacity_tokens(timing.llm, timing.machine, reserve_frac=cluster.scheduling.memory_reserve_frac,
+                                     ignore_gqa=cluster.transfer.ignore_gqa)
