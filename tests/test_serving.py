@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED, needs_shared
-from splitwise_jax.params import read_params_file, resolve_params
+from splitwise_jax.phases.params import read_params_file, resolve_params
 from splitwise_jax.serving.benchmarks import kept_up, read_benchmarks, resolve_model_name, validate_benchmarks
 from splitwise_jax.serving.engine import EngineParams, Stage, _solve_batch, _step_times, _steps_per_s, kv_capacity_tokens
 from splitwise_jax.serving.table import llm_for, machine_for, predict_frame, stage_of_row

@@ -197,7 +197,7 @@ def provenance(gpu: GPU | str, llm: LLM | None = None, path: str | Path | None =
 
 
 def _stack_label(path) -> str:
-    from splitwise_jax.params import FITTED_PARAMS_FILE, stack_name
+    from splitwise_jax.phases.params import FITTED_PARAMS_FILE, stack_name
 
     p = FITTED_PARAMS_FILE if path is None else Path(path)
     return stack_name(p) or str(p)
@@ -205,7 +205,7 @@ def _stack_label(path) -> str:
 
 def _serving_stack(path):
     """The params file's content when it is a stack fitted to serving benchmarks, else None."""
-    from splitwise_jax.params import FITTED_PARAMS_FILE, read_params_file
+    from splitwise_jax.phases.params import FITTED_PARAMS_FILE, read_params_file
 
     p = FITTED_PARAMS_FILE if path is None else Path(path)
     if not p.exists():

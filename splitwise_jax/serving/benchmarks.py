@@ -86,7 +86,7 @@ GPU_IDS = {"h100-sxm": "h100-80gb", "h100": "h100-80gb", "h100-80gb": "h100-80gb
 
 def resolve_model_name(model: str) -> str | None:
     """The catalogue name of a Hugging Face id or catalogue name; None when unknown."""
-    from splitwise_jax.catalog import llm_names
+    from splitwise_jax.specs.catalog import llm_names
 
     key = str(model).strip()
     if key in llm_names():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitwise_jax import _cli
+from splitwise_jax.cli import _cli
 
 CREDIT = ("measurements: github.com/inference-sim/training (vLLM on H100 SXM, kubernetes-sigs/inference-perf); "
           "credit that source wherever these numbers appear")
@@ -38,8 +38,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _extra_llms(args, table) -> dict:
-    from splitwise_jax.catalog import get_llm, load_specs
-    from splitwise_jax.hf_config import load_hf_config
+    from splitwise_jax.specs.catalog import get_llm, load_specs
+    from splitwise_jax.specs.hf_config import load_hf_config
     from splitwise_jax.serving.benchmarks import resolve_model_name
 
     extra: dict = {}
@@ -62,7 +62,7 @@ def _extra_llms(args, table) -> dict:
             extra[str(m)] = llm
     unknown = sorted({str(m) for m in table.frame["model"] if str(m) not in extra and resolve_model_name(m) is None})
     if unknown:
-        from splitwise_jax.catalog import llm_names
+        from splitwise_jax.specs.catalog import llm_names
         raise ValueError(f"--benchmarks: models {unknown} are not in the catalogue ({', '.join(llm_names())}; "
                          "their Hugging Face ids resolve); give --hf-config DIR or --specs FILE")
     return extra
@@ -127,7 +127,7 @@ def calibrate_main(argv: list[str]) -> int:
     """`python -m splitwise_jax.calibrate --benchmarks ...`; bad input exits 2."""
     _cli.float64()
     _cli.fast_compile()
-    from splitwise_jax.params import STACKS, load_params, read_params_file, write_params_file
+    from splitwise_jax.phases.params import STACKS, load_params, read_params_file, write_params_file
     from splitwise_jax.serving.benchmarks import GPU_IDS, read_benchmarks
     from splitwise_jax.serving.fit import ENGINE_FIELDS, PHASE_FIELDS, START_PHASE, fit_benchmarks
     from splitwise_jax.serving.table import predict_frame
@@ -223,7 +223,7 @@ def predict_main(argv: list[str]) -> int:
     """`python -m splitwise_jax.predict --benchmarks ...`; bad input exits 2."""
     _cli.float64()
     _cli.fast_compile()
-    from splitwise_jax.params import params_for_gpu, read_params_file, resolve_params, stack_name
+    from splitwise_jax.phases.params import params_for_gpu, read_params_file, resolve_params, stack_name
     from splitwise_jax.serving.benchmarks import read_benchmarks
     from splitwise_jax.serving.engine import EngineParams
     from splitwise_jax.serving.table import predict_frame

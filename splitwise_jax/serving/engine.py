@@ -48,12 +48,12 @@ import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
-from splitwise_jax.batch import Batch
-from splitwise_jax.hardware import Machine
-from splitwise_jax.llm import LLM
-from splitwise_jax.memory import kv_bytes_per_token_stored
-from splitwise_jax.params import PhaseParams
-from splitwise_jax.phases import iteration_time_s
+from splitwise_jax.specs.batch import Batch
+from splitwise_jax.specs.hardware import Machine
+from splitwise_jax.specs.llm import LLM
+from splitwise_jax.phases.memory import kv_bytes_per_token_stored
+from splitwise_jax.phases.params import PhaseParams
+from splitwise_jax.phases.phases import iteration_time_s
 
 GIB = 2.0**30
 #: vLLM's KV block (tokens); prefix-cache hits come in whole blocks.

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from splitwise_jax.params import PhaseParams
+from splitwise_jax.phases.params import PhaseParams
 from splitwise_jax.serving.benchmarks import GPU_IDS, LEVELS, METRICS, BenchmarkTable, kept_up
 from splitwise_jax.serving.engine import EngineParams, stage_metrics
 from splitwise_jax.serving.table import groups, llm_for, machine_for, stack_rows, stage_of_row

@@ -63,8 +63,8 @@ class IterationTable:
         import jax
         import jax.numpy as jnp
 
-        from splitwise_jax.batch import Batch
-        from splitwise_jax.phases import iteration_time_s
+        from splitwise_jax.specs.batch import Batch
+        from splitwise_jax.phases.phases import iteration_time_s
 
         p = _phase_params(params, engine, machine.gpus_per_machine)
         self.b = np.arange(0, max_seqs + 1, dtype=float)

@@ -34,7 +34,7 @@ _MACHINE_OF_GPU = {"h100-80gb": "dgx-h100", "a100-80gb": "dgx-a100", "h200-141gb
 def machine_for(gpu: str, tp: int):
     """A server of `tp` GPUs of a benchmark row's `gpu` (the catalogue machine's GPU and
     links; its price pro rata)."""
-    from splitwise_jax.catalog import get_machine
+    from splitwise_jax.specs.catalog import get_machine
 
     gname = GPU_IDS[str(gpu).lower()]
     base = get_machine(_MACHINE_OF_GPU[gname])
@@ -46,7 +46,7 @@ def machine_for(gpu: str, tp: int):
 def llm_for(model: str, extra: dict | None = None):
     """The LLM of a row's `model`: a user-given one (`extra`: id -> LLM, from --specs or
     --hf-config), else the catalogue (Hugging Face ids resolve, `HF_MODEL_IDS`)."""
-    from splitwise_jax.catalog import get_llm, llm_names
+    from splitwise_jax.specs.catalog import get_llm, llm_names
 
     if extra and model in extra:
         return extra[model]
