@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a == "--benchmarks" or a.startswith("--benchmarks=") for a in argv):
-        from splitwise_jax.serving.cli import predict_main  # a benchmark table, not profile queries
+        from splitwise_jax.cli.serving import predict_main  # a benchmark table, not profile queries
         return predict_main(argv)
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)

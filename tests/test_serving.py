@@ -1,4 +1,4 @@
-"""The serving-engine model (splitwise_jax.serving): reader, engine, fit, simulation, CLIs.
+"""The serving-engine model (cluster/engine.py and its io, calibrate, simulate and cli modules): reader, engine, fit, simulation, CLIs.
 
 Accuracy thresholds are today's figures (docs/serving.md, 2026-12-03) plus a stated
 margin; the public rows are vLLM on H100 SXM from github.com/inference-sim/training.
@@ -16,9 +16,9 @@ import pytest
 
 from conftest import SHARED, needs_shared
 from splitwise_jax.phases.params import read_params_file, resolve_params
-from splitwise_jax.serving.benchmarks import kept_up, read_benchmarks, resolve_model_name, validate_benchmarks
-from splitwise_jax.serving.engine import EngineParams, Stage, _solve_batch, _step_times, _steps_per_s, kv_capacity_tokens
-from splitwise_jax.serving.table import llm_for, machine_for, predict_frame, stage_of_row
+from splitwise_jax.io.benchmarks import kept_up, read_benchmarks, resolve_model_name, validate_benchmarks
+from splitwise_jax.cluster.engine import EngineParams, Stage, _solve_batch, _step_times, _steps_per_s, kv_capacity_tokens
+from splitwise_jax.io.benchmark_rows import llm_for, machine_for, predict_frame, stage_of_row
 
 RUNS = None if SHARED is None else SHARED / "validation" / "real_vllm_h100" / "runs.csv"
 
@@ -90,8 +90,8 @@ def test_running_batch_solves_littles_law():
 
 
 def test_engine_jits_vmaps_and_has_finite_gradients():
-    from splitwise_jax.serving.engine import stage_metrics
-    from splitwise_jax.serving.table import stack_rows
+    from splitwise_jax.cluster.engine import stage_metrics
+    from splitwise_jax.io.benchmark_rows import stack_rows
 
     phase, engine = _stack()
     llm, machine = llm_for("codellama/CodeLlama-34b-Instruct-hf"), machine_for("h100-sxm", 2)
@@ -167,7 +167,7 @@ def test_no_row_decodes_faster_than_the_roofline(public_prediction):
 def test_simulation_agrees_with_the_fluid_model():
     # one light and one busy stage of Code Llama 34B, 60 s each: the simulation's P50s
     # within 10 % of the fluid model's (measured 2026-12-03: TPOT and E2E within 3 %)
-    from splitwise_jax.serving.simulate import simulate_experiment
+    from splitwise_jax.simulate.serving_engine import simulate_experiment
 
     phase, engine = _stack()
     t = read_benchmarks(RUNS)

@@ -259,7 +259,7 @@ class ParamsFile(NamedTuple):
     per_gpu: dict[str, dict[str, float]]
     meta: dict
     uncertainty: ParamUncertainty | None = None
-    #: serving-engine parameters (`splitwise_jax.serving.engine.EngineParams` fields) of a
+    #: serving-engine parameters (`splitwise_jax.cluster.engine.EngineParams` fields) of a
     #: stack fitted to serving benchmarks; empty for a stack fitted to iteration profiles.
     engine: dict = {}
 

@@ -180,7 +180,7 @@ def _llm_from_architecture(name, *, vocab_size, tied_embeddings=False, qkv_bias=
 # and tests/test_hf_config.py checks the two transcriptions agree.
 # The Llama-2 family and Code Llama 34B, as published (config.json of each checkpoint;
 # Llama-2 ships fp16, Code Llama bf16): the models of the public serving benchmarks
-# (splitwise_jax.serving). Llama-2-70B is the paper's entry above.
+# (cluster/engine.py, io/benchmarks.py). Llama-2-70B is the paper's entry above.
 register_llm(_llm_from_architecture("llama2-7b", vocab_size=32000, weight_dtype="fp16", kv_dtype="fp16",
                                     n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008))
 register_llm(_llm_from_architecture("llama2-13b", vocab_size=32000, weight_dtype="fp16", kv_dtype="fp16",

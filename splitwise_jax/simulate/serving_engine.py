@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitwise_jax.serving.engine import KV_BLOCK_TOKENS, EngineParams, _phase_params, kv_capacity_tokens
+from splitwise_jax.cluster.engine import KV_BLOCK_TOKENS, EngineParams, _phase_params, kv_capacity_tokens
 
 
 @dataclass
@@ -111,7 +111,7 @@ def simulate_experiment(rows: list[dict], params, engine: EngineParams, machine,
     M, S = int(r0["max_num_batched_tokens"]), int(r0["max_num_seqs"])
     kv_blocks = int(float(kv_capacity_tokens(engine, machine, llm, float(r0["gpu_memory_utilization"])))
                     // KV_BLOCK_TOKENS)
-    from splitwise_jax.serving.benchmarks import prompt_tokens
+    from splitwise_jax.io.benchmarks import prompt_tokens
 
     reqs: list[_Req] = []
     t0 = 0.0

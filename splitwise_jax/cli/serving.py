@@ -1,12 +1,12 @@
-"""Command lines of the serving model (the CLI edge of `splitwise_jax.serving`):
+"""Command lines of the serving model (the serving engine of cluster/engine.py; docs/serving.md):
 
     python -m splitwise_jax.calibrate --benchmarks FILE.csv --out PARAMS.json
     python -m splitwise_jax.predict   --benchmarks FILE.csv --params NAME|FILE --out PRED.csv
 
 `calibrate --benchmarks` fits the phase and engine parameters through the engine model
-to every row of a benchmark table (`serving.fit`) and writes a params stack;
+to every row of a benchmark table (`calibrate.benchmarks`) and writes a params stack;
 `predict --benchmarks` writes the table's rows with the predicted columns
-(`serving.table.predict_frame`) and, where the file holds measurements, prints the
+(`io.benchmark_rows.predict_frame`) and, where the file holds measurements, prints the
 errors. Bad input exits 2 with one message naming the argument.
 
 Credit: the shipped stack `vllm-2026` is fitted to measurements from
@@ -40,7 +40,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _extra_llms(args, table) -> dict:
     from splitwise_jax.specs.catalog import get_llm, load_specs
     from splitwise_jax.specs.hf_config import load_hf_config
-    from splitwise_jax.serving.benchmarks import resolve_model_name
+    from splitwise_jax.io.benchmarks import resolve_model_name
 
     extra: dict = {}
     if args.specs:
@@ -73,7 +73,7 @@ def error_summary(frame) -> "object":
     overload verdicts; a DataFrame (empty when the rows carry no measurements)."""
     import pandas as pd
 
-    from splitwise_jax.serving.benchmarks import LEVELS, METRICS, BenchmarkTable, kept_up
+    from splitwise_jax.io.benchmarks import LEVELS, METRICS, BenchmarkTable, kept_up
 
     ok = kept_up(BenchmarkTable(frame, ""))
     rows = []
@@ -92,7 +92,7 @@ def error_summary(frame) -> "object":
 
 def verdicts(frame) -> dict:
     """Overload verdicts against the measurements: counts and served-rate errors."""
-    from splitwise_jax.serving.benchmarks import BenchmarkTable, kept_up
+    from splitwise_jax.io.benchmarks import BenchmarkTable, kept_up
 
     ok = kept_up(BenchmarkTable(frame, ""))
     pred = frame["pred_overloaded"].to_numpy(dtype=bool)
@@ -112,7 +112,7 @@ def calibrate_parser() -> argparse.ArgumentParser:
         prog="python -m splitwise_jax.calibrate --benchmarks",
         description="Fit phase and engine parameters by gradient through the serving-engine model to a table of "
                     "serving benchmarks (load stage -> measured percentiles), and write a params stack.")
-    p.add_argument("--benchmarks", required=True, help="benchmark CSV (columns: splitwise_jax.serving.benchmarks)")
+    p.add_argument("--benchmarks", required=True, help="benchmark CSV (columns: splitwise_jax.io.benchmarks)")
     p.add_argument("--out", required=True, help="params stack JSON to write (use it with --params FILE)")
     p.add_argument("--steps", type=_cli.positive_int, default=250, help="Adam steps (default 250)")
     p.add_argument("--leave-one-model-out", action="store_true",
@@ -128,9 +128,9 @@ def calibrate_main(argv: list[str]) -> int:
     _cli.float64()
     _cli.fast_compile()
     from splitwise_jax.phases.params import STACKS, load_params, read_params_file, write_params_file
-    from splitwise_jax.serving.benchmarks import GPU_IDS, read_benchmarks
-    from splitwise_jax.serving.fit import ENGINE_FIELDS, PHASE_FIELDS, START_PHASE, fit_benchmarks
-    from splitwise_jax.serving.table import predict_frame
+    from splitwise_jax.io.benchmarks import GPU_IDS, read_benchmarks
+    from splitwise_jax.calibrate.benchmarks import ENGINE_FIELDS, PHASE_FIELDS, START_PHASE, fit_benchmarks
+    from splitwise_jax.io.benchmark_rows import predict_frame
 
     ap = calibrate_parser()
     args = ap.parse_args(argv)
@@ -185,8 +185,8 @@ def leave_one_model_out(table, *, steps: int, start_phase, extra=None, progress:
     |relative error| per metric over every held-out stage that kept up."""
     import pandas as pd
 
-    from splitwise_jax.serving.fit import fit_benchmarks
-    from splitwise_jax.serving.table import predict_frame
+    from splitwise_jax.calibrate.benchmarks import fit_benchmarks
+    from splitwise_jax.io.benchmark_rows import predict_frame
 
     frames = []
     for model in sorted({str(m) for m in table.frame["model"]}):
@@ -211,7 +211,7 @@ def predict_parser() -> argparse.ArgumentParser:
         prog="python -m splitwise_jax.predict --benchmarks",
         description="Predict a benchmark table: each row's TTFT/TPOT/E2E percentiles, served rate and whether the "
                     "engine keeps up, from a params stack.")
-    p.add_argument("--benchmarks", required=True, help="benchmark CSV (columns: splitwise_jax.serving.benchmarks)")
+    p.add_argument("--benchmarks", required=True, help="benchmark CSV (columns: splitwise_jax.io.benchmarks)")
     p.add_argument("--params", default="vllm-2026",
                    help="a stack name (vllm-2026, paper-2023) or a params file (default vllm-2026)")
     p.add_argument("--out", required=True, help="CSV to write: the rows plus pred_* columns")
@@ -224,9 +224,9 @@ def predict_main(argv: list[str]) -> int:
     _cli.float64()
     _cli.fast_compile()
     from splitwise_jax.phases.params import params_for_gpu, read_params_file, resolve_params, stack_name
-    from splitwise_jax.serving.benchmarks import read_benchmarks
-    from splitwise_jax.serving.engine import EngineParams
-    from splitwise_jax.serving.table import predict_frame
+    from splitwise_jax.io.benchmarks import read_benchmarks
+    from splitwise_jax.cluster.engine import EngineParams
+    from splitwise_jax.io.benchmark_rows import predict_frame
 
     ap = predict_parser()
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """Benchmark rows -> engine stages -> predicted columns (the serving model's data path).
 
-`stage_of_row` turns a row of a benchmark table (`serving.benchmarks`) into the engine
+`stage_of_row` turns a row of a benchmark table (`io.benchmarks`) into the engine
 model's `Stage`; `predict_frame` evaluates every row, stages of one experiment back to back
 (a stage starts with the queue the one before left), and returns the rows with
 ``pred_{ttft,tpot,e2e}_{p50,p90,p99}_s``, ``pred_throughput_req_per_s``,
@@ -23,8 +23,8 @@ from functools import lru_cache
 import jax
 import numpy as np
 
-from splitwise_jax.serving.benchmarks import GPU_IDS, LEVELS, METRICS, BenchmarkTable, prompt_tokens, resolve_model_name
-from splitwise_jax.serving.engine import EngineParams, Stage, stage_metrics
+from splitwise_jax.io.benchmarks import GPU_IDS, LEVELS, METRICS, BenchmarkTable, prompt_tokens, resolve_model_name
+from splitwise_jax.cluster.engine import EngineParams, Stage, stage_metrics
 
 #: The catalogue machine whose GPU, links and prices a server of each GPU takes.
 _MACHINE_OF_GPU = {"h100-80gb": "dgx-h100", "a100-80gb": "dgx-a100", "h200-141gb": "dgx-h200",

@@ -39,9 +39,9 @@ import numpy as np
 import optax
 
 from splitwise_jax.phases.params import PhaseParams
-from splitwise_jax.serving.benchmarks import GPU_IDS, LEVELS, METRICS, BenchmarkTable, kept_up
-from splitwise_jax.serving.engine import EngineParams, stage_metrics
-from splitwise_jax.serving.table import groups, llm_for, machine_for, stack_rows, stage_of_row
+from splitwise_jax.io.benchmarks import GPU_IDS, LEVELS, METRICS, BenchmarkTable, kept_up
+from splitwise_jax.cluster.engine import EngineParams, stage_metrics
+from splitwise_jax.io.benchmark_rows import groups, llm_for, machine_for, stack_rows, stage_of_row
 
 #: field -> (low, high, log-scale). Efficiencies stop at 1: the physics.
 BOUNDS: dict[str, tuple[float, float, bool]] = {
