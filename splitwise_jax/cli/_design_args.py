@@ -52,6 +52,24 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
                                                         "model; named by --model if given")
     ap.add_argument("--weight-dtype", help="override the model's weight precision (fp16, bf16, fp8, ...)")
     ap.add_argument("--kv-dtype", help="override the model's KV-cache precision (fp16, bf16, fp8, ...)")
+    add_params_argument(ap)
+
+
+def add_params_argument(ap: argparse.ArgumentParser) -> None:
+    """--params NAME|FILE: the phase-parameter stack (docs/serving.md)."""
+    ap.add_argument("--params", default=None, metavar="NAME|FILE",
+                    help="phase-parameter stack: paper-2023 (default: the fit to the 2023 profiles, what reproduces "
+                         "the paper), vllm-2026 (the fit to public vLLM benchmarks on H100), or a params file "
+                         "written by `python -m splitwise_jax.calibrate`")
+
+
+def params_path_from_args(args):
+    """The params file of --params (a stack name or a path); None for the default stack."""
+    from splitwise_jax.phases.params import resolve_params
+
+    if getattr(args, "params", None) is None:
+        return None
+    return resolve_params(args.params)
 
 
 def model_from_args(args) -> LLM:
@@ -159,7 +177,7 @@ def provenance_dict(prov: Provenance, capped: bool) -> dict:
     return {"label": prov.label, "kind": prov.kind, "calibrated": prov.kind == "calibrated",
             "source_gpu": prov.source_gpu, "expected_mape_pct": {"prompt": _nan_to_none(prompt),
                                                                  "token": _nan_to_none(token)},
-            "capped": capped, "basis": prov.basis, "notes": list(prov.notes)}
+            "capped": capped, "basis": prov.basis, "notes": list(prov.notes), "stack": prov.stack}
 
 
 def pools_dict(cluster, params_path=None, phase_model: str = "calibrated") -> list[dict]:
@@ -186,10 +204,11 @@ def pool_lines(pools: list[dict]) -> list[str]:
                f"prompt {err['prompt']:.1f}%, token {err['token']:.1f}%{' (capped)' if pv['capped'] else ''}")
         head = (f"{p['role']} pool: {p['count']:g} x {p['machine']} ({p['gpu']}, tp {p['tp']}, "
                 f"cap {100 * p['cap_frac']:.0f}%): ")
+        stack = f"stack {pv.get('stack', 'paper-2023')}"
         if pv["calibrated"]:
-            lines.append(head + f"calibrated phase parameters (held-out error {pct})")
+            lines.append(head + f"calibrated phase parameters, {stack} (held-out error {pct})")
         else:
-            lines.append(head + f"UNCALIBRATED: {pv['label']}, expected error {pct} ({pv['basis']})")
+            lines.append(head + f"UNCALIBRATED: {pv['label']}, {stack}, expected error {pct} ({pv['basis']})")
         lines += [f"    note: {n}" for n in pv["notes"]]
     return lines
 

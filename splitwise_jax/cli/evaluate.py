@@ -151,8 +151,9 @@ def main(argv=None) -> int:
         if a.transfer is not None:
             design = design.replace(transfer_mode=a.transfer)
         wl = load_workload(a.workload, rate_per_s=a.rate)
-        cluster = build_cluster(design, model=llm, phase_model=a.phase_model)
-        pools = _design_args.pools_dict(cluster, phase_model=a.phase_model)
+        params_path = _design_args.params_path_from_args(a)
+        cluster = build_cluster(design, model=llm, phase_model=a.phase_model, params_path=params_path)
+        pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
     if not a.no_cache:
         _cli.enable_cache()
     ev = _EVALUATE

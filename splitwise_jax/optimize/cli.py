@@ -55,7 +55,7 @@ def _parse_budgets(text: str) -> tuple[float, ...]:
     return vals
 
 
-def _answer_pools(cluster, res, phase_model: str) -> list[dict]:
+def _answer_pools(cluster, res, phase_model: str, params_path=None) -> list[dict]:
     """Each pool of the answer (its counts and caps) with its provenance."""
     from splitwise_jax.optimize.spec import with_cap
 
@@ -64,7 +64,7 @@ def _answer_pools(cluster, res, phase_model: str) -> list[dict]:
         cluster = cluster.replace(n_prompt=float(b.prompt_machines), n_token=float(b.token_machines),
                                   prompt=with_cap(cluster.prompt, b.prompt_cap_frac),
                                   token=with_cap(cluster.token, b.token_cap_frac))
-    return _design_args.pools_dict(cluster, phase_model=phase_model)
+    return _design_args.pools_dict(cluster, params_path, phase_model=phase_model)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,7 +185,8 @@ def main(argv=None) -> int:
                 check_choice("--designs", d, sorted(DESIGNS))
             if args.compare_designs and args.baseline not in designs:
                 designs.append(args.baseline)
-        kw = dict(model=llm, phase_model=args.phase_model, transfer_mode=args.transfer_mode)
+        params_path = _design_args.params_path_from_args(args)
+        kw = dict(model=llm, phase_model=args.phase_model, transfer_mode=args.transfer_mode, params_path=params_path)
         custom = not _design_args.is_preset(args) or args.chunked_prefill is not None
         if custom:  # a design file, pool flags or budgets: one problem per machine / budget choice
             if many:
@@ -200,7 +201,8 @@ def main(argv=None) -> int:
                 design = design.replace(transfer_mode=args.transfer_mode)
             found = variants(design, budgets)
             clusters = {k: build_cluster(v.with_counts(1.0, 1.0 if v.kind == "splitwise" else None),
-                                         model=llm, phase_model=args.phase_model) for k, v in found.items()}
+                                         model=llm, phase_model=args.phase_model, params_path=params_path)
+                        for k, v in found.items()}
             designs = list(clusters)
             args.design = designs[0]
         else:
@@ -309,7 +311,7 @@ def main(argv=None) -> int:
         if searched is not None:
             d["variants"] = {k: _result_dict(r, clusters[k].kind == "splitwise", None, None, r.timings_s["gradient"])
                              for k, r in searched.items()}
-        d["pools"] = _answer_pools(cluster, res, args.phase_model)
+        d["pools"] = _answer_pools(cluster, res, args.phase_model, params_path)
         if conf is not None:
             from splitwise_jax.optimize.confidence import confidence_dict
             d["confidence"] = confidence_dict(conf, cluster.kind == "splitwise")
@@ -329,7 +331,8 @@ def main(argv=None) -> int:
         if sim_check is not None:
             print(sim_check[0])
         print("\n".join("  " + line for line in _design_args.pool_lines(_answer_pools(cluster, res,
-                                                                                    args.phase_model))))
+                                                                                    args.phase_model,
+                                                                                    params_path))))
         if conf is not None:
             from splitwise_jax.optimize.confidence import confidence_text
             print(confidence_text(conf, cluster.kind == "splitwise"))

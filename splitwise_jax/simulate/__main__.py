@@ -26,7 +26,7 @@ import math
 import sys
 from pathlib import Path
 
-from splitwise_jax.cli import _cli
+from splitwise_jax.cli import _cli, _design_args
 
 # Long runs show a progress bar on stderr (tqdm) from this many requests on.
 PROGRESS_FROM_REQUESTS = 20_000
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
     ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs")
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
+    _design_args.add_params_argument(ap)
     ap.add_argument("--transfer", choices=TRANSFER_MODES, default="serialized", help="KV-cache transfer mode")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the keys of evaluate --json)")
     ap.add_argument("--seed", type=_cli.nonnegative_int, default=0, help="seed of the sampled arrivals and sizes")
@@ -144,7 +145,8 @@ def main(argv=None) -> int:
             load_specs(_cli.input_file("--specs", a.specs))
         tr = make_trace(a, ap)
         cluster = make_cluster(a.design, sizes[0], sizes[1] if not baseline else 0.0, model=a.model,
-                               phase_model=a.phase_model, transfer_mode=a.transfer)
+                               phase_model=a.phase_model, transfer_mode=a.transfer,
+                               params_path=_design_args.params_path_from_args(a))
         config = SimConfig(chunked_prefill_tokens=a.chunked_prefill)
     if not a.no_cache:
         _cli.enable_cache()
