@@ -79,6 +79,16 @@ _LAZY = {
     "RequestTrace": ("splitwise_jax.simulate.trace", "RequestTrace"),
     "trace_from_csv": ("splitwise_jax.simulate.trace", "from_csv"),
     "poisson_trace": ("splitwise_jax.simulate.trace", "poisson"),
+    # the serving engine (docs/serving.md): a benchmark table's rows -> predictions, the fit
+    "EngineParams": ("splitwise_jax.cluster.engine", "EngineParams"),
+    "EngineStage": ("splitwise_jax.cluster.engine", "Stage"),
+    "engine_stage_metrics": ("splitwise_jax.cluster.engine", "stage_metrics"),
+    "read_benchmarks": ("splitwise_jax.io.benchmarks", "read_benchmarks"),
+    "load_stack": ("splitwise_jax.io.benchmark_rows", "load_stack"),
+    "predict_benchmarks": ("splitwise_jax.io.benchmark_rows", "predict_frame"),
+    "fit_benchmarks": ("splitwise_jax.calibrate.benchmarks", "fit_benchmarks"),
+    "leave_one_model_out": ("splitwise_jax.calibrate.benchmarks", "leave_one_model_out"),
+    "simulate_engine": ("splitwise_jax.simulate.serving_engine", "simulate_experiment"),
 }
 
 

@@ -227,3 +227,61 @@ def fit_benchmarks(table: BenchmarkTable, *, rows: list[int] | None = None, step
         if k in z and abs(float(z[k])) > 6.0:  # within 0.25 % of an end of its interval
             at.append(f"{k}={'high' if float(z[k]) > 0 else 'low'}")
     return FitResult(phase, engine, first, float(total(z)), steps, time.perf_counter() - t0, len(rows), at)
+
+
+def error_summary(frame) -> "object":
+    """Median |relative error| (%) per metric and level over stages that kept up, with the
+    overload verdicts; a DataFrame (empty when the rows carry no measurements)."""
+    import pandas as pd
+
+
+    ok = kept_up(BenchmarkTable(frame, ""))
+    rows = []
+    for m in METRICS:
+        for q in LEVELS:
+            col = f"{m}_{q}_s"
+            if col not in frame.columns:
+                continue
+            e = (frame[f"pred_{col}"] / frame[col] - 1.0).to_numpy(dtype=float)[ok]
+            e = e[np.isfinite(e)]
+            if len(e):
+                rows.append({"metric": f"{m} {q}", "stages": len(e), "median_abs_err_pct": 100 * np.median(np.abs(e)),
+                             "max_abs_err_pct": 100 * np.max(np.abs(e))})
+    return pd.DataFrame(rows)
+
+
+def verdicts(frame) -> dict:
+    """Overload verdicts against the measurements: counts and served-rate errors."""
+
+    ok = kept_up(BenchmarkTable(frame, ""))
+    pred = frame["pred_overloaded"].to_numpy(dtype=bool)
+    out = {"stages": int(len(frame)), "measured_overloaded": int((~ok).sum()),
+           "flagged_and_overloaded": int((pred & ~ok).sum()), "flagged_but_kept_up": int((pred & ok).sum()),
+           "missed_overloads": int((~pred & ~ok).sum())}
+    if "throughput_req_per_s" in frame.columns and (~ok).any():
+        e = frame["pred_throughput_req_per_s"] / frame["throughput_req_per_s"] - 1.0
+        out["served_rate_err_pct_overloaded"] = [round(100 * float(x), 1) for x in e.to_numpy()[~ok]]
+    return out
+
+
+def leave_one_model_out(table, *, steps: int, start_phase, extra=None, progress: bool = False) -> dict:
+    """Fit without each model in turn and predict it: per-row predictions and the median
+    |relative error| per metric over every held-out stage that kept up."""
+    import pandas as pd
+
+    from splitwise_jax.io.benchmark_rows import predict_frame
+
+    frames = []
+    for model in sorted({str(m) for m in table.frame["model"]}):
+        train = [i for i in range(len(table)) if str(table.frame.loc[i, "model"]) != model]
+        if not train:
+            continue
+        fit = fit_benchmarks(table, rows=train, steps=steps, start_phase=start_phase, extra_llms=extra,
+                             progress=progress)
+        f = predict_frame(table, lambda g: fit.phase, fit.engine, extra)
+        frames.append(f[f["model"] == model])
+    held = pd.concat(frames).sort_index()
+    summary = error_summary(held)
+    return {"frame": held,
+            "summary": {r["metric"]: round(float(r["median_abs_err_pct"]), 1) for _, r in summary.iterrows()},
+            "verdicts": verdicts(held)}

@@ -68,43 +68,6 @@ def _extra_llms(args, table) -> dict:
     return extra
 
 
-def error_summary(frame) -> "object":
-    """Median |relative error| (%) per metric and level over stages that kept up, with the
-    overload verdicts; a DataFrame (empty when the rows carry no measurements)."""
-    import pandas as pd
-
-    from splitwise_jax.io.benchmarks import LEVELS, METRICS, BenchmarkTable, kept_up
-
-    ok = kept_up(BenchmarkTable(frame, ""))
-    rows = []
-    for m in METRICS:
-        for q in LEVELS:
-            col = f"{m}_{q}_s"
-            if col not in frame.columns:
-                continue
-            e = (frame[f"pred_{col}"] / frame[col] - 1.0).to_numpy(dtype=float)[ok]
-            e = e[np.isfinite(e)]
-            if len(e):
-                rows.append({"metric": f"{m} {q}", "stages": len(e), "median_abs_err_pct": 100 * np.median(np.abs(e)),
-                             "max_abs_err_pct": 100 * np.max(np.abs(e))})
-    return pd.DataFrame(rows)
-
-
-def verdicts(frame) -> dict:
-    """Overload verdicts against the measurements: counts and served-rate errors."""
-    from splitwise_jax.io.benchmarks import BenchmarkTable, kept_up
-
-    ok = kept_up(BenchmarkTable(frame, ""))
-    pred = frame["pred_overloaded"].to_numpy(dtype=bool)
-    out = {"stages": int(len(frame)), "measured_overloaded": int((~ok).sum()),
-           "flagged_and_overloaded": int((pred & ~ok).sum()), "flagged_but_kept_up": int((pred & ok).sum()),
-           "missed_overloads": int((~pred & ~ok).sum())}
-    if "throughput_req_per_s" in frame.columns and (~ok).any():
-        e = frame["pred_throughput_req_per_s"] / frame["throughput_req_per_s"] - 1.0
-        out["served_rate_err_pct_overloaded"] = [round(100 * float(x), 1) for x in e.to_numpy()[~ok]]
-    return out
-
-
 # ---- calibrate --benchmarks -----------------------------------------------------------
 
 def calibrate_parser() -> argparse.ArgumentParser:
@@ -129,7 +92,8 @@ def calibrate_main(argv: list[str]) -> int:
     _cli.fast_compile()
     from splitwise_jax.phases.params import STACKS, load_params, read_params_file, write_params_file
     from splitwise_jax.io.benchmarks import GPU_IDS, read_benchmarks
-    from splitwise_jax.calibrate.benchmarks import ENGINE_FIELDS, PHASE_FIELDS, START_PHASE, fit_benchmarks
+    from splitwise_jax.calibrate.benchmarks import (ENGINE_FIELDS, PHASE_FIELDS, START_PHASE, error_summary,
+                                                    fit_benchmarks, leave_one_model_out, verdicts)
     from splitwise_jax.io.benchmark_rows import predict_frame
 
     ap = calibrate_parser()
@@ -180,30 +144,6 @@ def calibrate_main(argv: list[str]) -> int:
     return 0
 
 
-def leave_one_model_out(table, *, steps: int, start_phase, extra=None, progress: bool = False) -> dict:
-    """Fit without each model in turn and predict it: per-row predictions and the median
-    |relative error| per metric over every held-out stage that kept up."""
-    import pandas as pd
-
-    from splitwise_jax.calibrate.benchmarks import fit_benchmarks
-    from splitwise_jax.io.benchmark_rows import predict_frame
-
-    frames = []
-    for model in sorted({str(m) for m in table.frame["model"]}):
-        train = [i for i in range(len(table)) if str(table.frame.loc[i, "model"]) != model]
-        if not train:
-            continue
-        fit = fit_benchmarks(table, rows=train, steps=steps, start_phase=start_phase, extra_llms=extra,
-                             progress=progress)
-        f = predict_frame(table, lambda g: fit.phase, fit.engine, extra)
-        frames.append(f[f["model"] == model])
-    held = pd.concat(frames).sort_index()
-    summary = error_summary(held)
-    return {"frame": held,
-            "summary": {r["metric"]: round(float(r["median_abs_err_pct"]), 1) for _, r in summary.iterrows()},
-            "verdicts": verdicts(held)}
-
-
 # ---- predict --benchmarks ---------------------------------------------------------------
 
 def predict_parser() -> argparse.ArgumentParser:
@@ -226,6 +166,7 @@ def predict_main(argv: list[str]) -> int:
     from splitwise_jax.phases.params import params_for_gpu, read_params_file, resolve_params, stack_name
     from splitwise_jax.io.benchmarks import read_benchmarks
     from splitwise_jax.cluster.engine import EngineParams
+    from splitwise_jax.calibrate.benchmarks import error_summary, verdicts
     from splitwise_jax.io.benchmark_rows import predict_frame
 
     ap = predict_parser()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -166,3 +167,28 @@ def predict_frame(table: BenchmarkTable, params_for_gpu, engine: EngineParams, e
         frame[k] = v
     frame["pred_overloaded"] = frame["pred_load"] > 1.0
     return frame
+
+
+class Stack(NamedTuple):
+    """A parameter stack: its name (or file), the phase parameters per GPU, the engine's."""
+
+    name: str
+    params_for_gpu: object  # callable: catalogue GPU name -> PhaseParams
+    engine: EngineParams
+    meta: dict
+
+
+def load_stack(name_or_path=None) -> Stack:
+    """A named stack (`phases.params.STACKS`: "vllm-2026", "paper-2023") or a params file.
+
+    Example:
+        >>> s = load_stack("vllm-2026")
+        >>> s.name, round(float(s.params_for_gpu("h100-80gb").bw_eff), 2)
+        ('vllm-2026', 0.9)
+    """
+    from splitwise_jax.phases.params import params_for_gpu, read_params_file, resolve_params, stack_name
+
+    path = resolve_params(name_or_path)
+    content = read_params_file(path)
+    return Stack(stack_name(path) or str(path), lambda g: params_for_gpu(content, g),
+                 EngineParams.from_dict(content.engine), dict(content.meta))
