@@ -114,6 +114,9 @@ CASES = [
     _case("evaluate", SPLITWISE + ["--model", "gpt-9"], "--model must be one of", "eval-unknown-model"),
     _case("evaluate", SPLITWISE + ["--phase-model", "exact"], "argument --phase-model: invalid choice",
           "eval-unknown-phase-model"),
+    _case("evaluate", SPLITWISE + ["--params", "vllm-2027"], "is neither a stack name", "eval-unknown-stack"),
+    _case("optimize", ["--params", "{missing.json}"], "is neither a stack name", "opt-missing-params-file"),
+    _case("evaluate", SPLITWISE + ["--params", "{params_malformed.json}"], "cannot be read", "eval-params-malformed"),
     # evaluate: trace files
     _case("evaluate", SPLITWISE + ["--workload", "{missing.csv}"], "neither a preset nor an existing trace file",
           "trace-missing"),

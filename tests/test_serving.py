@@ -223,3 +223,29 @@ def test_params_names_and_files_resolve(tmp_path):
     assert resolve_params(None).name == "fitted_params.json"
     with pytest.raises(ValueError, match="neither a stack name"):
         resolve_params(str(tmp_path / "nope.json"))
+
+
+def test_other_gpus_run_on_the_h100_fit_by_their_datasheets():
+    # an H200 row runs on the vllm-2026 H100 fit through its own datasheet (4.8 TB/s):
+    # a shorter decode gap than the H100's, never under its own weights' floor
+    from splitwise_jax.io.benchmark_rows import load_stack
+    from splitwise_jax.phases.params import resolve_params
+    from splitwise_jax.phases.provenance import provenance
+
+    stack = load_stack("vllm-2026")
+    rows = validate_benchmarks(pd.DataFrame([_row(gpu="h100-sxm"), _row(gpu="h200")]))
+    f = predict_frame(rows, stack.params_for_gpu, stack.engine)
+    h100, h200 = f["pred_gap_s"].to_numpy()
+    floor = float(llm_for("llama2-7b").weight_bytes) / 4.8e12
+    assert floor < h200 < h100
+    prov = provenance("h200-141gb", path=resolve_params("vllm-2026"))
+    assert (prov.kind, prov.source_gpu, prov.stack) == ("transferred", "h100-80gb", "vllm-2026")
+
+
+def test_package_lists_its_commands():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "splitwise_jax", "--help"], capture_output=True, text=True, check=True)
+    for cmd in ("evaluate", "optimize", "simulate", "calibrate", "predict"):
+        assert f"  {cmd} " in out.stdout
