@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     table = sj.read_benchmarks(shared_path("validation", "real_vllm_h100", "runs.csv"))
     stack = sj.load_stack("vllm-2026")
     paths = []
-    frame, summary, res = lomo(table, steps=60 if C.SMOKE else 250)
+    frame, summary, res = lomo(table, steps=60 if C.SMOKE else 160)
     paths += [C.write_csv(frame, args.out / "lomo_rows.csv"), C.write_csv(summary, args.out / "lomo_summary.csv")]
     paths.append(plot(frame, args.out / "lomo_pred_vs_measured.png"))
     C.print_frame(summary, "leave-one-model-out, median |relative error| % over stages that kept up")

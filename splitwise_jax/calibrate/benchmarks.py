@@ -78,7 +78,7 @@ PULL = 1e-3
 #: rows). Fixed costs add to the GPU's work (overlap_p = 1, not fitted): the engine's
 #: scheduler, sampling and launches run between the GPU's kernels. Chosen by the
 #: leave-one-model-out study (docs/serving.md): fitted overlap (p ~ 2.4) predicted the
-#: held-out model's TPOT P50 with a median error of 11.5 %, serial 7.0 %.
+#: held-out model's TPOT P50 with a median error of 11.5 %, serial 7.0 % (250 steps).
 START_PHASE = dict(bw_eff=0.85, kv_bw_eff=0.85, mfu_max=0.6, attn_eff=0.5, overlap_p=1.0, t_iter_s=1e-3,
                    t_layer_s=2e-5, t_decode_seq_s=2e-5, t_prompt_seq_s=1e-3, t_ctx_token_s=1e-9,
                    fixed_bw_exponent=0.65)
@@ -148,7 +148,7 @@ def _group_loss(machine, llm):
     return loss
 
 
-def fit_benchmarks(table: BenchmarkTable, *, rows: list[int] | None = None, steps: int = 300, lr: float = 0.05,
+def fit_benchmarks(table: BenchmarkTable, *, rows: list[int] | None = None, steps: int = 160, lr: float = 0.06,
                    start_phase: PhaseParams | None = None, start_engine: EngineParams | None = None,
                    extra_llms: dict | None = None, progress: bool = True) -> FitResult:
     """Fit phase and engine parameters to the rows of a benchmark table (module docstring).

@@ -77,7 +77,7 @@ def calibrate_parser() -> argparse.ArgumentParser:
                     "serving benchmarks (load stage -> measured percentiles), and write a params stack.")
     p.add_argument("--benchmarks", required=True, help="benchmark CSV (columns: splitwise_jax.io.benchmarks)")
     p.add_argument("--out", required=True, help="params stack JSON to write (use it with --params FILE)")
-    p.add_argument("--steps", type=_cli.positive_int, default=250, help="Adam steps (default 250)")
+    p.add_argument("--steps", type=_cli.positive_int, default=160, help="Adam steps (default 160)")
     p.add_argument("--leave-one-model-out", action="store_true",
                    help="also fit without each model in turn and record the error on it as the stack's expected "
                         "error (one more fit per model)")
