@@ -10,9 +10,14 @@ does not change runs as one block of k iterations, as in SplitwiseSim, and is cu
 at the next iteration boundary when a task arrives), lists of plain objects with
 ``__slots__``, the timing read from lists (`timing.FastTiming`).
 
-The machine and scheduler logic reproduces SplitwiseSim (commit 8f99e7d; instance.py
-`SplitwiseInstance`, scheduler.py `TokenJSQScheduler` / `MixedPoolScheduler`,
-interconnect.py `DummyLink`), rewritten from its documented behaviour:
+Where the policies come from, plainly: the machine and scheduler logic was read from
+SplitwiseSim's source (commit 8f99e7d; instance.py `SplitwiseInstance`, scheduler.py
+`TokenJSQScheduler` / `MixedPoolScheduler`, interconnect.py `DummyLink`) and written
+anew here, in our own data structures. Two methods follow the reference's logic step by
+step: `_Sim.select` (the batch selection of `SplitwiseInstance`) and
+`_Sim.route_mixed_pool` (`MixedPoolScheduler`'s routing). SplitwiseSim is MIT
+licensed ((c) 2024 Pratyush Patel); its notice applies to what follows it that closely
+(README, "Data, licences and credits"). The policies:
 
 Machine (continuous batching, prompts first). Tasks wait in a pending queue ordered by
 (preemptions when queued, request arrival). A new batch is chosen at each block end (or

@@ -1,8 +1,9 @@
 """Scheduling and batching knobs of the simulated cluster, and the reference's constants.
 
-The policies themselves (what the knobs steer) live in `engine.py`; they reproduce
-SplitwiseSim (github Mutinifni/splitwise-sim, commit 8f99e7d) as documented in
-``shared/validation/README.md`` and docs/simulate.md:
+The policies themselves (what the knobs steer) are carried out in `engine.py`, which
+was written from SplitwiseSim's source (github Mutinifni/splitwise-sim, commit 8f99e7d,
+MIT; two of its methods follow the reference step by step, engine.py's docstring names
+them); what they are, per docs/simulate.md:
 
 * baselines: every machine runs both phases; a request goes to the machine with the
   fewest scheduled pending tokens ("token JSQ"), prompt and decode on that machine;
