@@ -25,9 +25,10 @@ A stage keeps up when lambda < mu. Then each request's decode gap is 1/R (lognor
 scatter `tpot_sigma` between requests), its TTFT is the API's fixed cost, the rest of
 the step in flight, its prefill steps and `ttft_extra_iters` steps more (vLLM streams a
 step's tokens while the next step runs), with lognormal scatter `ttft_sigma`. When it
-does not keep up the queue grows at lambda - mu: waits rise linearly through the stage,
-requests whose latency would pass the client's timeout fail, and the served rate is
-what completes over the stage plus the timeout (how the benchmark client counts).
+does not keep up, the engine first fills its batch, and once its first requests finish
+the queue grows at lambda - mu; requests whose latency would pass the client's timeout
+fail, and the served rate is what completes over the stage plus the timeout (how the
+benchmark client counts).
 
 What the benchmark client measures: the TPOT of inference-perf builds before its fix
 #566 (June 2026) divides a request's decode time by the number of streamed events it
@@ -317,19 +318,36 @@ def stage_metrics(params: PhaseParams, engine: EngineParams, machine: Machine, l
     decode_c = (n - 1.0) * gap_c
     base_c = engine.t_api_s + nc_c * tau_p_c + engine.ttft_extra_iters * gap_c
     excess = softplus(lam - mu, 1e-3 * mu)
-    w0 = st.backlog_in / mu
-    w_end = w0 + excess * st.duration_s / mu
     w_lim = jnp.maximum(engine.client_timeout_s - decode_c - base_c, 0.0)
-    # arrivals until t* complete (their wait stays under the timeout's allowance)
-    t_star = jnp.clip((w_lim - w0) * mu / jnp.maximum(excess, 1e-9), 0.0, st.duration_s)
+    full = st.backlog_in > 0.0  # a stage that starts behind starts with a full batch
+
+    def queue(t):
+        # requests waiting when an arrival at time t comes: the engine first fills its
+        # batch (no queue until b_cap run), completes nothing before the first requests'
+        # decode time D = b_cap / mu, then the queue grows at lambda - mu, so
+        # q(t) = max(0, min(lambda t - b_cap, (lambda - mu) t)); smooth max and min with a
+        # temperature of one request
+        fill = lam * t - b_cap
+        grow = excess * t
+        fresh = softplus(grow - softplus(grow - fill, 1.0), 1.0)
+        return jnp.where(full, st.backlog_in + grow, fresh)
+
+    # arrivals until t* complete (their wait stays under the timeout's allowance): q is
+    # the smaller of two rising lines, so it reaches mu w_lim when both have
+    level = mu * w_lim
+    t_star = jnp.where(full, (level - st.backlog_in) / jnp.maximum(excess, 1e-9),
+                       jnp.maximum((level + b_cap) / lam, level / jnp.maximum(excess, 1e-9)))
+    t_done = jnp.clip(t_star, 0.0, st.duration_s)
     timed_out = t_star < st.duration_s
-    w_hi = jnp.minimum(w_end, w_lim)
-    ttft_over = (base_c + w0)[..., None] + lv * (w_hi - w0)[..., None]
+    w_end = queue(st.duration_s) / mu
+    # waits rise with the arrival time, so the completed requests' p-quantile is the wait
+    # at p of the way through the arrivals that complete
+    ttft_over = base_c[..., None] + queue(lv * t_done[..., None]) / mu[..., None]
     e2e_over = ttft_over + decode_c[..., None] * jnp.exp(engine.tpot_sigma * z)
     decode_over = decode_c[..., None] * jnp.exp(engine.tpot_sigma * z)
-    thr_over = jnp.where(timed_out, lam * t_star / (st.duration_s + engine.client_timeout_s),
+    thr_over = jnp.where(timed_out, lam * t_done / (st.duration_s + engine.client_timeout_s),
                          lam * st.duration_s / (st.duration_s + w_end + decode_c + base_c))
-    backlog_out = jnp.minimum(excess * st.duration_s + st.backlog_in, mu * w_lim)
+    backlog_out = jnp.minimum(queue(st.duration_s), level)
 
     wgt = jax.nn.sigmoid(jnp.log(load) / _REGIME_TEMPERATURE)
     mix = lambda a, o: (1.0 - wgt[..., None]) * a + wgt[..., None] * o  # noqa: E731
