@@ -250,3 +250,23 @@ def test_package_lists_its_commands():
     out = subprocess.run([sys.executable, "-m", "splitwise_jax", "--help"], capture_output=True, text=True, check=True)
     for cmd in ("evaluate", "optimize", "simulate", "calibrate", "predict"):
         assert f"  {cmd} " in out.stdout
+
+
+def test_overloaded_stage_serves_capacity_and_queues_after_the_batch_fills():
+    # twice the capacity over a long stage, no timeouts (limit raised): the served rate is
+    # the capacity, and the median arrival waits (lambda - mu) (T / 2) / mu once the batch
+    # is full (the fill takes b_cap / mu, short against T)
+    stack_phase, engine = _stack()
+    engine = engine.replace(client_timeout_s=1e6)
+    llm, machine = llm_for("codellama/CodeLlama-34b-Instruct-hf"), machine_for("h100-sxm", 2)
+    probe = validate_benchmarks(pd.DataFrame([_row(model="codellama/CodeLlama-34b-Instruct-hf", tensor_parallel=2)]))
+    mu = float(predict_frame(probe, lambda g: stack_phase, engine)["pred_capacity_req_per_s"][0])
+    rows = validate_benchmarks(pd.DataFrame([_row(model="codellama/CodeLlama-34b-Instruct-hf", tensor_parallel=2,
+                                                  rate_per_s=2 * mu, duration_s=3600.0)]))
+    f = predict_frame(rows, lambda g: stack_phase, engine)
+    assert bool(f["pred_overloaded"][0])
+    # served rate: completed / (stage + drain) = mu exactly in the fluid picture; 2 % for
+    # the smooth max/min temperatures and the regime blend
+    assert abs(f["pred_throughput_req_per_s"][0] / mu - 1) < 0.02
+    expect = (2 * mu - mu) * 1800.0 / mu
+    assert abs(f["pred_ttft_p50_s"][0] / expect - 1) < 0.02
