@@ -52,6 +52,7 @@ class _Req:
     first: float = -1.0
     last: float = -1.0
     admitted: int = -1       # admission order (preemption takes the latest)
+    chunk: int = 0           # prefill tokens scheduled in the current iteration
     done: bool = False
     failed: bool = False
 
@@ -196,7 +197,7 @@ def simulate_experiment(rows: list[dict], params, engine: EngineParams, machine,
             take = min(budget, r.target - r.prefilled)
             if take <= 0:
                 break
-            r._chunk = take
+            r.chunk = take
             chunk_tokens += take
             budget -= take
         while waiting and budget > 0 and len(running) < S:
@@ -225,7 +226,7 @@ def simulate_experiment(rows: list[dict], params, engine: EngineParams, machine,
             order += 1
             running.append(r)
             take = min(budget, r.target - r.prefilled)
-            r._chunk = take
+            r.chunk = take
             chunk_tokens += take
             budget -= take
         if not running:
@@ -238,10 +239,9 @@ def simulate_experiment(rows: list[dict], params, engine: EngineParams, machine,
             r.generated += 1
             r.last = now
         for r in list(running):
-            c = getattr(r, "_chunk", 0)
-            if c and r.prefilled < r.target:
-                r.prefilled += c
-                r._chunk = 0
+            if r.chunk and r.prefilled < r.target:
+                r.prefilled += r.chunk
+                r.chunk = 0
                 if r.prefilled >= r.target:
                     if r.generated == 0:
                         r.generated = 1
