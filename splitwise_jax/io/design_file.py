@@ -38,11 +38,10 @@ and what is accepted; the CLIs turn it into exit status 2.
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from pathlib import Path
 
+from splitwise_jax._tables import read_table_file
 from splitwise_jax.cluster.cluster import Scheduling
 from splitwise_jax.cluster.designs import ROLES, TRANSFER_MODES, Design, Pool
 
@@ -144,18 +143,7 @@ def load_design(path: str | Path) -> Design:
             layout the cluster model does not have; the message names the file.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"design file {path} does not exist")
-    try:
-        text = path.read_text()
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            raise ValueError(f"design file {path} must end in .toml or .json")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"design file {path} is malformed: {e}") from None
+    data = read_table_file(path, "design file")
     return design_from_dict(data, f"design file {path}")
 
 

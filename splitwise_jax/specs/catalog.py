@@ -39,10 +39,9 @@ text and date read) and says which are assumptions; the short version:
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 
+from splitwise_jax._tables import read_table_file
 from splitwise_jax._validate import check_choice
 from splitwise_jax.specs.hardware import GPU, Machine
 from splitwise_jax.specs.llm import DTYPE_BYTES, LLM, MLA, MoE, canonical_dtype, dtype_from_bytes, param_count
@@ -338,18 +337,7 @@ def load_specs(path: str | Path) -> dict[str, list[str]]:
             message names the file, the entry and the field.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"spec file {path} does not exist")
-    try:
-        text = path.read_text()
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            raise ValueError(f"spec file {path} must end in .toml or .json")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"spec file {path} is malformed: {e}") from None
+    data = read_table_file(path, "spec file")
     if not isinstance(data, dict):
         raise ValueError(f"spec file {path} must hold a table/object with keys gpu, machine, llm")
     unknown = set(data) - set(_FIELDS)
