@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "of --json: it costs 2 x 23 extra evaluations per GPU type in the cluster")
     ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache "
                                                             "(as optimize; SPLITWISE_JAX_CACHE moves it)")
+    ap.add_argument("--simulate", type=_cli.positive_int, metavar="K",
+                    help="also simulate the cluster request by request on K seeds (Poisson arrivals of a preset "
+                         "workload; a trace is replayed once with its own arrivals) and print the model's and the "
+                         "simulation's percentiles side by side, with the seeds' spread")
     return ap
 
 
@@ -154,6 +158,7 @@ def main(argv=None) -> int:
         params_path = _design_args.params_path_from_args(a)
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model, params_path=params_path)
         pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
+        traces, seeds = _simulation_traces(a, design, wl) if a.simulate else (None, None)
     if not a.no_cache:
         _cli.enable_cache()
     ev = _EVALUATE
@@ -162,6 +167,11 @@ def main(argv=None) -> int:
     d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
                    "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
     d["pools"] = pools
+    runs = None
+    if traces is not None:
+        from splitwise_jax.simulate.side_by_side import side_by_side_dict, simulate_runs
+        runs = simulate_runs(cluster, traces, progress=not a.json and sys.stderr.isatty())
+        d["simulation"] = side_by_side_dict(d, runs, seeds)
     if a.json:
         if not a.no_uncertainty:
             from splitwise_jax.uncertainty import uncertainty_dict
@@ -173,7 +183,28 @@ def main(argv=None) -> int:
         print(format_table(d, f"{design.name} ({what}{chunk}), {llm.name}, {a.workload} at "
                               f"{float(wl.rate_per_s):g} req/s, {a.phase_model} phases"))
         print("\n".join(_design_args.pool_lines(pools)))
+        if runs is not None:
+            from splitwise_jax.simulate.side_by_side import side_by_side_text
+            print(side_by_side_text(d, runs, seeds))
     return 0
+
+
+def _simulation_traces(a, design, wl):
+    """`--simulate K`'s traces: K seeded Poisson traces of a preset workload, or the trace
+    file replayed once; (traces, seeds or None). ValueError on what cannot be simulated."""
+    from splitwise_jax.simulate import trace as trace_mod
+
+    if design.kind == "chunked":
+        raise ValueError("--simulate runs SplitwiseSim's policies; a chunked-prefill design runs another scheduler "
+                         "(studies/chunked_prefill.py checks it)")
+    if a.workload in ("coding", "conversation"):
+        seeds = list(range(a.simulate))
+        rate = float(np.asarray(wl.rate_per_s))
+        return [trace_mod.poisson(wl, rate, a.horizon, s) for s in seeds], seeds
+    if a.rate is not None:
+        raise ValueError("--simulate replays a trace --workload with its own arrivals; drop --rate (or simulate "
+                         "Poisson arrivals with `python -m splitwise_jax.simulate`)")
+    return [trace_mod.from_csv(_cli.input_file("--workload", a.workload))], None
 
 
 if __name__ == "__main__":
