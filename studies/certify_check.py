@@ -66,11 +66,14 @@ def run_optimize(p: dict) -> dict:
     argv = ["--design", p["design"], "--workload", p["workload"], "--model", p["model"], "--rate", str(p["rate"]),
             "--objective", p["objective"], "--json", "--quiet"]
     buf = io.StringIO()
+    t0 = time.perf_counter()
     with contextlib.redirect_stdout(buf):
         code = optimize_main(argv)
     if code != 0:
         raise RuntimeError(f"optimize {' '.join(argv)} exited {code}")
-    return json.loads(buf.getvalue())
+    out = json.loads(buf.getvalue())
+    out["call_wall_s"] = time.perf_counter() - t0  # this call (compilations of earlier calls reused)
+    return out
 
 
 def fresh_verdicts(cluster, wl, rate, seeds) -> list[bool]:
@@ -106,7 +109,7 @@ def judge(p: dict, out: dict, fresh: list[int]) -> dict:
                 cert_minimal=cert["minimal"], fresh_passes=int(sum(safe)), fresh_seeds=len(fresh),
                 safe=all(safe), neighbours_passing=",".join(k for k, v in nb.items() if v),
                 minimal=None if not nb else not any(nb.values()),
-                cert_wall_s=cert["wall_s"], optimize_wall_s=out["wall_s_from_start"])
+                descended=cert["descended"], cert_wall_s=cert["wall_s"], optimize_wall_s=out["call_wall_s"])
 
 
 def main(argv=None) -> int:
@@ -125,7 +128,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         out = run_optimize(p)
         if out.get("certificate") is None or not out["certificate"]["supported"]:
-            rows.append(dict(**p, answer=None, certified=None))
+            rows.append(dict(**p, answer=None, certified=None))  # no feasible answer within --max-machines
+            print(f"[{i + 1}/{len(todo)}] {p}: no answer to certify", flush=True)
             continue
         rows.append(judge(p, out, fresh))
         r = rows[-1]
@@ -138,11 +142,15 @@ def main(argv=None) -> int:
     ok = df[df["certified"] == True]  # noqa: E712
     minimal = ok["minimal"].dropna()
     lines = [f"# Certified answers on fresh seeds{' [SMOKE numbers]' if SMOKE else ''}", "",
-             f"{len(df)} problems; {len(ok)} certified; {int(ok['stepped'].sum())} stepped from the model's answer.",
+             f"{len(df)} problems; {int(df['answer'].isna().sum())} without a feasible answer in the searched pools; "
+             f"{len(ok)} certified; {int(ok['stepped'].sum())} moved from the model's answer.",
              f"Safe (every one of {a.fresh} fresh seeds meets every SLO): {int(ok['safe'].sum())} of {len(ok)}.",
              f"Minimal (each one-machine-cheaper neighbour fails a fresh seed): {int(minimal.sum())} of "
              f"{len(minimal)} ({minimal.mean():.0%}).",
-             f"Certification time: median {ok['cert_wall_s'].median():.1f} s; optimize from process start: median "
+             f"Moved down (model conservative, a cheaper neighbour passed every certificate seed): "
+             f"{int((ok['descended'] > 0).sum())} of {len(ok)}.",
+             f"Certification time: median {ok['cert_wall_s'].median():.1f} s; the whole optimize call (search, "
+             f"full-resolution check, certificate; first calls of a design compile): median "
              f"{ok['optimize_wall_s'].median():.1f} s."]
     (out_dir / "certify_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -65,8 +65,9 @@ def test_undersized_answer_steps_to_a_cell_that_passes_every_seed(setting, stepp
         cell = (r.prompt_machines, r.token_machines, 1.0, 1.0, r.rate_per_s)
         assert r.passes == all(_meets(cluster, wl, cell, s) for s in SEEDS)
     assert cert.minimal == (not cert.neighbours["passes"].any())
+    assert cert.minimal  # descent: a passing cheaper neighbour would have become the answer
     text = certificate_text(cert, "cost")
-    assert "stepped to the cheapest neighbour" in text and "PASSES every seed" in text
+    assert "stepped to the cheapest cell" in text and "PASSES every seed" in text
     json.dumps(cert.to_dict())  # JSON-ready
 
 
@@ -76,12 +77,16 @@ def test_step_up_tries_cells_cheapest_first_and_never_below_the_answer(stepped):
     assert np.all(np.diff(machines) >= 0) and machines.min() >= 3
 
 
-def test_sized_answer_is_certified_without_moving(setting):
+def test_oversized_answer_descends_to_a_minimal_cell(setting):
     cluster, wl, problem = setting
     cert = certify(cluster, wl, problem, _cand(6, 3), seeds=SEEDS)
-    assert cert.certified and not cert.stepped and cert.answer == cert.searched
-    assert set(cert.neighbours["prompt_machines"]) == {5, 6} and set(cert.neighbours["token_machines"]) == {3, 2}
-    assert cert.minimal is False or cert.minimal is True
+    assert cert.certified and cert.tried.iloc[0]["passes"]  # 6 + 3 machines pass at 8 req/s
+    assert cert.descended >= 1 and cert.stepped  # ... and so does a cheaper one
+    assert sum(cert.answer[:2]) < 9 and cert.minimal
+    assert all(_meets(cluster, wl, cert.answer, s) for s in SEEDS)
+    assert "the model is conservative here" in certificate_text(cert, "cost")
+    kept = certify(cluster, wl, problem, _cand(6, 3), seeds=SEEDS, descend=False)
+    assert kept.answer == kept.searched and kept.minimal is False and kept.descended == 0
 
 
 def test_throughput_answer_steps_its_rate_down(setting):
@@ -94,7 +99,7 @@ def test_throughput_answer_steps_its_rate_down(setting):
     # the certified rate is the highest that passes, to within the step: one step up fails
     (nb,) = cert.neighbours.itertuples()
     assert nb.rate_per_s == pytest.approx(cert.answer[4] * 1.025) and not nb.passes
-    assert cert.minimal is True
+    assert cert.minimal is True and cert.descended == 0
 
 
 def test_chunked_designs_are_not_certified_and_say_why():

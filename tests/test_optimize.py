@@ -234,7 +234,7 @@ def test_cli_json(capsys, tmp_path):
     assert plot.stat().st_size > 1000
     # certified by default: the answer printed is the certificate's
     cert = out["certificate"]
-    assert cert["supported"] and cert["seeds"] == [0, 1, 2] and len(cert["per_seed"]) == 3
+    assert cert["supported"] and cert["seeds"] == [0, 1, 2, 3] and len(cert["per_seed"]) == 4
     if cert["certified"]:
         assert all(r["meets"] for r in cert["per_seed"])
         assert (cert["answer"]["prompt_machines"], cert["answer"]["token_machines"]) == (out["prompt_machines"],

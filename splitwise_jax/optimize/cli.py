@@ -335,6 +335,7 @@ def main(argv=None) -> int:
             d["simulate_top"] = sim_check[1]
         if cert is not None:
             d["certificate"] = cert.to_dict()
+            d["certified"] = bool(cert.certified)
         if searched is not None:
             d["variants"] = {k: _result_dict(r, clusters[k].kind == "splitwise", None, None, r.timings_s["gradient"])
                              for k, r in searched.items()}
@@ -350,7 +351,8 @@ def main(argv=None) -> int:
                                  f"{len(searched)} machine / budget choices on {args.workload}: {goal} {load}"))
         name = _label(args.design) if args.design in DESIGNS else args.design
         _print_result(res, cluster, f"{name} on {args.workload}: {goal} {load} ({bins_text})",
-                      full, grid, opt_wall, bins_text, fig12)
+                      full, grid, opt_wall, bins_text, fig12,
+                      certified=cert.certified if cert is not None and cert.supported else None)
         if stepped is not None:
             print(f"  the search's answer ({stepped['searched'][0]} + {stepped['searched'][1]} machines, on "
                   f"{bins_text}) missed a limit at full resolution; stepped up to the cheapest neighbour "
