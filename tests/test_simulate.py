@@ -353,11 +353,11 @@ def test_cli_runs_as_a_module():
 
 @pytest.mark.parametrize("args, message", [
     (("--design", "baseline-h100", "--machines", "2.5"), "whole number"),
-    (("--design", "baseline-h100", "--machines", "3", "--trace", "/no/such.csv"), "no such file"),
+    (("--design", "baseline-h100", "--machines", "3", "--trace", "/no/such.csv"), "neither a preset nor an existing"),
     (("--design", "baseline-h100", "--machines", "3", "--rate", "-1"), "positive"),
     (("--design", "splitwise-hh", "--machines", "3"), "--prompt-machines"),
-    (("--design", "baseline-h100", "--machines", "3", "--trace", "x.csv", "--rate", "5"), "--trace"),
-    (("--design", "baseline-h100", "--machines", "3", "--workload", "nonsense"), "no such file"),
+    (("--design", "baseline-h100", "--machines", "3", "--trace", "x.csv", "--workload", "coding"), "--trace"),
+    (("--design", "baseline-h100", "--machines", "3", "--workload", "nonsense"), "neither a preset nor an existing"),
 ])
 def test_cli_bad_input_exits_2(args, message, capsys):
     code, _, stderr = _cli(capsys, *args)

@@ -30,7 +30,6 @@ from splitwise_jax.cli import _cli, _design_args
 from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster.cluster import ClusterMetrics, evaluate
 from splitwise_jax.cluster.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES, build_cluster
-from splitwise_jax.cluster.workload import workload as load_workload
 
 STATUS_BITS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
                8: "mixed-pool-active"}
@@ -101,14 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt machines (Splitwise; DGX-H100 for HA)")
     ap.add_argument("--token-machines", type=_cli.positive_float, help="token machines (Splitwise; DGX-A100 for HA)")
     _design_args.add_design_arguments(ap, counts=True)
-    ap.add_argument("--workload", default="coding", help="coding, conversation, or a trace CSV path")
+    ap.add_argument("--workload", default="coding", help=_design_args.WORKLOAD_HELP)
     ap.add_argument("--rate", type=_cli.positive_float,
                     help="arrival rate, req/s (default: the trace's, 70 for presets)")
+    _design_args.add_resample_argument(ap)
     ap.add_argument("--horizon", type=_cli.positive_float, default=120.0, help="length of the arrival window, s")
     _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
-    ap.add_argument("--transfer", choices=TRANSFER_MODES, help="KV-cache transfer mode (default: the design's, "
-                                                               "serialized for presets)")
+    ap.add_argument("--transfer", "--transfer-mode", dest="transfer", choices=TRANSFER_MODES,
+                    help="KV-cache transfer mode (default: the design's, serialized for presets)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-uncertainty", action="store_true",
                     help="leave the 'uncertainty' object (90%% intervals, SLO probabilities; docs/uncertainty.md) out "
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         _design_args.check_counts(design)
         if a.transfer is not None:
             design = design.replace(transfer_mode=a.transfer)
-        wl = load_workload(a.workload, rate_per_s=a.rate)
+        wl = _design_args.workload_from_args(a, a.rate)
         params_path = _design_args.params_path_from_args(a)
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model, params_path=params_path)
         pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)

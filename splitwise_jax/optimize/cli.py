@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--design", choices=sorted(PRESETS), help="a named design (default splitwise-hh); or "
                                                               "--design-file, or pool flags")
     _design_args.add_design_arguments(ap, counts=False)
-    ap.add_argument("--workload", default="coding", help="preset (coding, conversation) or an Azure/SplitwiseSim trace CSV")
+    ap.add_argument("--workload", default="coding", help=_design_args.WORKLOAD_HELP)
+    _design_args.add_resample_argument(ap)
     ap.add_argument("--objective", default="cost", choices=OBJECTIVES)
     ap.add_argument("--rate", type=_cli.positive_float, metavar="R",
                     help="target load, req/s, of cost/power problems (default 70 for presets)")
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--slo", help="9 slowdown limits TTFT,TBT,E2E x P50,P90,P99 (default Table VI: 2,3,6,1.25,1.5,5,1.25,1.5,5)")
     _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", default="calibrated", choices=PHASE_MODELS)
-    ap.add_argument("--transfer-mode", choices=TRANSFER_MODES, help="KV transfer (default: the design's, serialized)")
+    ap.add_argument("--transfer-mode", "--transfer", dest="transfer_mode", choices=TRANSFER_MODES, help="KV transfer (default: the design's, serialized)")
     ap.add_argument("--steps", type=_cli.positive_int, help="gradient steps per augmented-Lagrangian round (default 30)")
     ap.add_argument("--verify", action="store_true", help="also evaluate the exhaustive integer grid and compare")
     ap.add_argument("--no-prune", action="store_true", help="with --verify: evaluate every cell (no exact pruning)")
@@ -175,7 +176,6 @@ def main(argv=None) -> int:
     from splitwise_jax.cluster.designs import DESIGNS, build_cluster, make_cluster
     from splitwise_jax.optimize.variants import best_variant, variants, variants_table
     from splitwise_jax.cluster.workload import coarsen
-    from splitwise_jax.cluster.workload import workload as load_workload
 
     t_start = time.perf_counter() - _cli.process_seconds()  # so that perf_counter() - t_start is the process's age
     ap = build_parser()
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         for d in designs:  # structural checks before any compilation
             if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
                 free_flags(clusters[d], problem.free_caps)
-        wl_full = load_workload(args.workload, args.rate if args.objective != "throughput" else None)
+        wl_full = _design_args.workload_from_args(args, args.rate if args.objective != "throughput" else None)
         wl = coarsen(wl_full, args.bins, args.bins) if args.bins else wl_full
         for d in designs:  # budgets that cannot buy a machine per pool, pool bounds
             if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
