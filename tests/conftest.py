@@ -147,8 +147,9 @@ _LONGEST_S = {
 _GROUPS = {
     "tests/test_properties.py::": "property-programs",
     # The paper-claims test evaluates on the pinned test's programs (one vmapped evaluate
-    # per design kind, `fixture_module("make_pinned_evaluate")`): on one worker, after it,
-    # it traces and compiles nothing (~12 s of running instead of ~90 s cold).
+    # per design kind, `fixture_module("make_pinned_evaluate")`): on one worker the two
+    # files trace and compile them once, whichever runs first (measured 2026-12-04, -n 2
+    # on the loaded 2-core machine: pinned 107 s, the claims ~21 s beside it; alone ~85 s).
     "tests/test_pinned_outputs.py::": "pinned-evaluate-programs",
     "tests/test_paper_claims.py::": "pinned-evaluate-programs",
     "tests/test_optimize.py::": "optimiser-programs",
