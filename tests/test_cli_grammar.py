@@ -54,7 +54,8 @@ TRANSFER_DEST = {"evaluate": "transfer", "optimize": "transfer_mode", "simulate"
 OWN = {
     "evaluate": {"--machines", "--prompt-machines", "--token-machines",  # evaluate, simulate: counts of a preset
                  "--horizon",  # the fluid model's window; optimize's problems are stationary
-                 "--no-uncertainty"},  # evaluate's output
+                 "--no-uncertainty",  # evaluate's output
+                 "--simulate"},  # evaluate's side-by-side simulation on K seeds (simulate always simulates)
     "simulate": {"--machines", "--prompt-machines", "--token-machines", "--horizon",
                  "--seed", "--trace", "--requests-out", "--machines-out", "--histogram-out", "--progress",
                  "--no-progress"},  # the simulation's arrivals, alias and outputs
@@ -195,3 +196,22 @@ def test_simulate_replays_a_trace_on_pool_flags_end_to_end(bursty_trace, tmp_pat
     q = pd.read_csv(out).sort_values("arrival_s")
     np.testing.assert_allclose(q["arrival_s"], t, rtol=0, atol=1e-12)
     assert q["e2e_s"].notna().all()
+
+
+def test_evaluate_simulate_reads_a_trace_as_simulate_does(bursty_trace):
+    """`evaluate --simulate K` simulates what `simulate` would: the trace replayed (at
+    --rate, rescaled), or K Poisson traces with --resample-poisson."""
+    from splitwise_jax.cli.evaluate import _simulation_traces
+
+    path, t = bursty_trace
+    for extra in ([], ["--rate", "20"]):
+        argv = ["--workload", str(path), "--simulate", "2"] + extra
+        a = evaluate_parser().parse_args(argv)
+        design = _design_args.design_from_args(a, preset_sizes=(2.0, 1.0))
+        (tr,), seeds = _simulation_traces(a, design, _design_args.workload_from_args(a, a.rate))
+        assert seeds is None
+        np.testing.assert_array_equal(tr.arrival_s, _sim_trace(["--workload", str(path)] + extra).arrival_s)
+    a = evaluate_parser().parse_args(["--workload", str(path), "--resample-poisson", "--simulate", "2"])
+    traces, seeds = _simulation_traces(a, _design_args.design_from_args(a, preset_sizes=(2.0, 1.0)),
+                                       _design_args.workload_from_args(a, a.rate))
+    assert seeds == [0, 1] and len(traces) == 2

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "(as optimize; SPLITWISE_JAX_CACHE moves it)")
     ap.add_argument("--simulate", type=_cli.positive_int, metavar="K",
                     help="also simulate the cluster request by request on K seeds (Poisson arrivals of a preset "
-                         "workload; a trace is replayed once with its own arrivals) and print the model's and the "
+                         "workload or of --resample-poisson; a trace is replayed once with its own arrivals) and print the model's and the "
                          "simulation's percentiles side by side, with the seeds' spread")
     return ap
 
@@ -197,14 +197,12 @@ def _simulation_traces(a, design, wl):
     if design.kind == "chunked":
         raise ValueError("--simulate runs SplitwiseSim's policies; a chunked-prefill design runs another scheduler "
                          "(studies/chunked_prefill.py checks it)")
-    if a.workload in ("coding", "conversation"):
+    path = _design_args.trace_file(a.workload)
+    if path is None or a.resample_poisson:  # Poisson arrivals (a preset, or a trace's sizes resampled)
         seeds = list(range(a.simulate))
         rate = float(np.asarray(wl.rate_per_s))
         return [trace_mod.poisson(wl, rate, a.horizon, s) for s in seeds], seeds
-    if a.rate is not None:
-        raise ValueError("--simulate replays a trace --workload with its own arrivals; drop --rate (or simulate "
-                         "Poisson arrivals with `python -m splitwise_jax.simulate`)")
-    return [trace_mod.from_csv(_cli.input_file("--workload", a.workload))], None
+    return [_design_args.replay_trace(path, a.rate)], None  # its own arrivals, rescaled by --rate (one grammar)
 
 
 if __name__ == "__main__":

@@ -119,22 +119,13 @@ def make_trace(a):
     if path is None:  # a preset: Poisson arrivals
         rate = 70.0 if a.rate is None else a.rate
         return trace_mod.poisson(load_workload(a.workload), rate, 120.0 if a.horizon is None else a.horizon, a.seed)
-    if not resample:  # the trace's own arrivals, as evaluate reads a trace
-        tr = trace_mod.from_csv(path)
+    if not resample:  # the trace's own arrivals (--rate rescales them), as evaluate reads a trace
         if a.horizon is not None:
+            tr = trace_mod.from_csv(path)
             raise ValueError(f"--horizon: a trace given as --workload is replayed over its own span "
                              f"({tr.arrival_s[-1] - tr.arrival_s[0]:.4g} s; --rate rescales it); drop --horizon, or "
                              "add --resample-poisson to draw Poisson arrivals over --horizon seconds")
-        if a.rate is None:
-            return tr
-        if len(tr) < 2 or not tr.rate_per_s < math.inf:
-            raise ValueError(f"--rate: trace {path} has no arrival span to rescale; drop --rate")
-        # Time compressed (or stretched) about the first arrival: the curve's shape kept,
-        # its mean rate a.rate (evaluate rescales the trace's arrival profile the same way).
-        t0 = tr.arrival_s[0]
-        scaled = t0 + (tr.arrival_s - t0) * (tr.rate_per_s / a.rate)
-        return trace_mod.RequestTrace(scaled, tr.prompt_tokens, tr.output_tokens, tr.request_id,
-                                      name=f"{tr.name}-at-{a.rate:g}rps")
+        return _design_args.replay_trace(path, a.rate)
     # --resample-poisson: SplitwiseSim's generator: exponential gaps, each size column
     # sampled on its own.
     df = load_trace(path)
