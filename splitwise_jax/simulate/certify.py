@@ -18,8 +18,10 @@ phase models) on K Poisson traces of the problem's workload, one per seed, and:
    token machine fewer; a baseline: one machine fewer) are simulated on the same seeds.
    If each fails on some seed, the answer is minimal in simulation. If one passes every
    seed, the model is conservative there: the answer moves down to the cheapest such
-   neighbour and its own neighbours are checked in turn (`descend`, at most
-   `max_descents` moves; the output says how far it moved). For a throughput answer
+   neighbour and its own neighbours are checked in turn; after a move the next try is
+   twice as far in the same direction (a gallop, so a pool of 100 machines that is 8
+   too many is found in a few runs), falling back to one machine on a failure
+   (`descend`, at most `max_descents` moves; the output says how far it moved). For a throughput answer
    the neighbour is the same cluster at a rate `rate_step` higher.
 
 A cell is judged "fails" at its first failing seed (the remaining seeds cannot change
@@ -79,7 +81,7 @@ class Certificate:
             worst SLO and the nine log margins.
         headroom: SLO name -> smallest headroom across seeds (limit / slowdown - 1).
         tried: every configuration simulated, with its verdict and the seeds it ran
-            (role: answer, step-up, neighbour).
+            (role: answer, step-up, step-down (a gallop), neighbour).
         minimal: True when every one-machine-cheaper neighbour fails on some seed, False
             when one passes every seed, None when there is none (pools of one machine).
         wall_s: seconds spent simulating.
@@ -198,7 +200,7 @@ def _spend(cluster, cells: np.ndarray, objective: str) -> np.ndarray:
 
 def certify(cluster, workload, problem, best, *, seeds=None, horizon_s: float | None = None, reach: int = 3,
             rate_step: float = 0.025, max_steps: int = 6, splitwise: bool | None = None,
-            descend: bool = True, max_descents: int = 8, progress: bool = False) -> Certificate:
+            descend: bool = True, max_descents: int = 12, progress: bool = False) -> Certificate:
     """Simulate an optimiser answer on several seeds; step to one that passes; check minimality.
 
     Args:
@@ -254,18 +256,27 @@ def certify(cluster, workload, problem, best, *, seeds=None, horizon_s: float | 
         if per_seed is None:
             answer, per_seed = searched, judge.done[tuple(np.round(searched, 9))][1]
         certified = answer is not searched or passes
-        descended = 0
+        descended, stride, last = 0, 1, None
         while True:
-            neighbours = _cheaper(answer, objective, splitwise, rate_step) if certified else []
+            if descend and last is not None and descended < max_descents:
+                # gallop: after a move, try twice as far in the same direction first
+                jump = _cheaper_by(answer, objective, last, 2 * stride, rate_step)
+                if jump is not None and judge.run(jump, "step-down", all_seeds=False)[0]:
+                    answer, stride, descended = jump, 2 * stride, descended + 1
+                    per_seed = judge.done[tuple(np.round(answer, 9))][1]
+                    continue
+            stride = 1
+            dirs = _directions(answer, objective, splitwise) if certified else []
+            neighbours = [_cheaper_by(answer, objective, d, 1, rate_step) for d in dirs]
             nb_rows = [dict(judge.run(cell, "neighbour", all_seeds=False)[2], role="neighbour")
                        for cell in neighbours]
-            passing = [(c, r) for c, r in zip(neighbours, nb_rows) if r["passes"]]
+            passing = [(d, c) for d, c, r in zip(dirs, neighbours, nb_rows) if r["passes"]]
             if not (descend and passing and descended < max_descents):
                 break
             # the model is conservative here: move to the cheapest neighbour that passes every seed
             spend = [_spend(cluster, c[None], objective)[0] if objective != "throughput" else -c[4]
-                     for c, _ in passing]
-            answer = passing[int(np.argmin(spend))][0]
+                     for _, c in passing]
+            last, answer = passing[int(np.argmin(spend))]
             per_seed = judge.done[tuple(np.round(answer, 9))][1]
             descended += 1
     finally:
@@ -326,19 +337,25 @@ def _step_up(cluster, cell, objective, reach, splitwise, max_machines):
     yield from cells[order]
 
 
-def _cheaper(cell, objective, splitwise, rate_step) -> list[np.ndarray]:
-    """The one-machine-cheaper neighbours (a throughput answer: one rate step higher)."""
+def _directions(cell, objective, splitwise) -> list:
+    """The directions a cheaper neighbour lies in: pools with more than one machine (0
+    prompt, 1 token), or "rate" for a throughput answer."""
     if objective == "throughput":
-        c = cell.copy()
-        c[4] = cell[4] * (1.0 + rate_step)
-        return [c]
-    out = []
-    for pool in ((0, 1) if splitwise else (0,)):
-        if cell[pool] > 1:
-            c = cell.copy()
-            c[pool] -= 1
-            out.append(c)
-    return out
+        return ["rate"]
+    return [pool for pool in ((0, 1) if splitwise else (0,)) if cell[pool] > 1]
+
+
+def _cheaper_by(cell, objective, direction, k: int, rate_step) -> np.ndarray | None:
+    """The cell k machines cheaper in one pool (a throughput answer: k rate steps higher);
+    None below one machine."""
+    c = np.array(cell, float)
+    if direction == "rate":
+        c[4] = cell[4] * (1.0 + rate_step) ** k
+        return c
+    if cell[direction] - k < 1:
+        return None
+    c[direction] -= k
+    return c
 
 
 def certificate_text(cert: Certificate, objective: str) -> str:
