@@ -56,14 +56,14 @@ from splitwise_jax.specs.llm import LLM
 from splitwise_jax.phases.memory import kv_bytes_per_token_stored
 from splitwise_jax.phases.params import PhaseParams
 from splitwise_jax.phases.phases import iteration_time_s
+from splitwise_jax.cluster.metrics import LEVELS
 from splitwise_jax.cluster.strategy import DesignStrategy
 
 GIB = 2.0**30
 #: vLLM's KV block (tokens); prefix-cache hits come in whole blocks.
 KV_BLOCK_TOKENS = 16.0
-#: Standard normal quantiles of the reported levels (P50, P90, P99).
+#: Standard normal quantiles of the reported levels (P50, P90, P99; `metrics.LEVELS`).
 Z_LEVELS = (0.0, 1.2815515655446004, 2.3263478740408408)
-LEVELS = (0.5, 0.9, 0.99)
 # Newton steps for the running batch (`_solve_batch`): from the lower bound the residual
 # is below 1e-10 after 5 steps over the benchmark rows (tests/test_serving.py checks it
 # against a bisection)
