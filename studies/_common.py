@@ -228,12 +228,12 @@ def _pad(wl: Workload, k: int, m: int) -> Workload:
 
 def cluster(design: str, n_prompt: float = 1.0, n_token: float = 1.0, **kw) -> Cluster:
     """`make_cluster` with uniform static names (pool sizes are replaced by sweeps)."""
-    kind = DESIGNS[design].kind
-    return uniform_names(make_cluster(design, n_prompt, n_token if kind == "splitwise" else 0.0, **kw))
+    split = DESIGNS[design].strategy.token_pool
+    return uniform_names(make_cluster(design, n_prompt, n_token if split else 0.0, **kw))
 
 
 def is_baseline(design: str) -> bool:
-    return DESIGNS[design].kind == "baseline"
+    return not DESIGNS[design].strategy.token_pool
 
 
 def kv_bandwidth_of_gbps(gbps_per_gpu, gpus: int = 8, link_eff: float = KV_LINK_EFF):

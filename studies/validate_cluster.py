@@ -122,7 +122,7 @@ def smoke_subset(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def is_baseline(design: str) -> bool:
-    return DESIGNS[design].kind == "baseline"
+    return not DESIGNS[design].strategy.token_pool
 
 
 def cluster_of_run(row, phase_model: str):

@@ -313,7 +313,7 @@ def random_configs(n: int, seed: int = 0) -> pd.DataFrame:
     rows = []
     for i in range(n):
         d = designs[rng.integers(len(designs))]
-        baseline = DESIGNS[d].kind == "baseline"
+        baseline = not DESIGNS[d].strategy.token_pool
         n_p = int(rng.integers(4, 41))
         n_t = 0 if baseline else int(rng.integers(2, 21))
         rows.append({"config": i, "design": d, "n_prompt": n_p, "n_token": n_t,
