@@ -43,7 +43,7 @@ import pandas as pd
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 METRICS = ("ttft", "tbt", "e2e")
-PCTS = ("p50", "p90", "p99")
+PCTS = ("p50", "p90", "p99")  # metrics.KEYS (not imported: the package loads later, in the workers)
 ERR_COLS = tuple(f"{m}_{p}" for p in PCTS for m in METRICS)
 OUT_DEFAULT = Path(__file__).resolve().parent / "out" / "validate_simulator"
 # Boundary runs compared request by request (a memory-bound HH grid point, an AA point,
