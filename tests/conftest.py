@@ -48,6 +48,25 @@ needs_shared = pytest.mark.skipif(
     reason="../shared (measured profiles, traces, reference runs) is absent; set SPLITWISE_SHARED to run",
 )
 
+
+def fixture_module(name: str):
+    """A module of tests/fixtures/ (e.g. "make_pinned_evaluate"), imported once per
+    process: the test files that use it share its objects, and so its jitted programs'
+    in-memory caches (tracing a vmapped `evaluate` again costs ~10-20 s even when the
+    compiled program comes from the persistent cache)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    key = f"_splitwise_fixture_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fixtures") / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[key] = mod
+    return sys.modules[key]
+
+
 _CACHE_ENV = "SPLITWISE_TEST_JAX_CACHE"
 # Programs that compile faster than this are not worth a file (eager per-operation ones).
 _MIN_COMPILE_S = "0.1"
@@ -127,6 +146,12 @@ _LONGEST_S = {
 # 595 s wall, 1,048 -> 998 CPU s; the fig18_19 smoke 120 -> 41 s.
 _GROUPS = {
     "tests/test_properties.py::": "property-programs",
+    # The paper-claims test evaluates on the pinned test's programs (one vmapped evaluate
+    # per design kind, `fixture_module("make_pinned_evaluate")`): on one worker the two
+    # files trace and compile them once, whichever runs first (measured 2026-12-04, -n 2
+    # on the loaded 2-core machine: pinned 107 s, the claims ~21 s beside it; alone ~85 s).
+    "tests/test_pinned_outputs.py::": "pinned-evaluate-programs",
+    "tests/test_paper_claims.py::": "pinned-evaluate-programs",
     "tests/test_optimize.py::": "optimiser-programs",
     "tests/test_studies.py::test_study_smoke[fig18_19_iso.py]": "optimiser-programs",
 }

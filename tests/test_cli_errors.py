@@ -1,5 +1,5 @@
-"""A catalogue of bad input for the four command lines (evaluate, optimize, calibrate,
-predict) and the files they read (spec, trace, profile, query and parameter files).
+"""A catalogue of bad input for the five command lines (evaluate, optimize, simulate,
+calibrate, predict) and the files they read (spec, trace, profile, query and parameter files).
 
 Every case must end the program through argparse's error: exit status 2, a message on
 stderr that names the problem (the fragment listed with the case), and no traceback
@@ -23,10 +23,11 @@ from splitwise_jax.evaluate import main as evaluate_main
 from splitwise_jax.optimize import main as optimize_main
 from splitwise_jax.phases.params import FITTED_PARAMS_FILE
 from splitwise_jax.predict import main as predict_main
+from splitwise_jax.simulate.__main__ import main as simulate_main
 
 ROOT = Path(__file__).resolve().parent.parent
 MAINS = {"evaluate": evaluate_main, "optimize": optimize_main, "calibrate": calibrate_main,
-         "predict": predict_main}
+         "predict": predict_main, "simulate": simulate_main}
 SPLITWISE = ["--prompt-machines", "3", "--token-machines", "2"]
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 PROFILE_HEADER = ("model,hardware,prompt_size,batch_size,token_size,peak_power,average_power,prompt_time,"
@@ -45,6 +46,7 @@ FILES = {
     "trace_negative.csv": AZURE_HEADER + "2023-11-16 18:15:46.68,-5,12\n2023-11-16 18:15:47.68,10,12\n",
     "trace_nan.csv": AZURE_HEADER + "2023-11-16 18:15:46.68,nan,12\n2023-11-16 18:15:47.68,10,12\n",
     "trace_header_only.csv": AZURE_HEADER,
+    "trace_ok.csv": "arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n1.5,300,5\n",
     "profiles_non_numeric.csv": PROFILE_HEADER + PROFILE_ROW.replace("196.2", "abc"),
     "profiles_negative.csv": PROFILE_HEADER + PROFILE_ROW.replace("196.2", "-3"),
     "profiles_nan.csv": PROFILE_HEADER + PROFILE_ROW.replace(",1,128,", ",nan,128,"),
@@ -275,6 +277,34 @@ CASES += [
           "applies to a colocated design", "opt-chunked-on-splitwise"),
     _case("optimize", ["--colocated-pool", "dgx-h100,dgx-x"], "machine must be one of", "opt-pool-list-unknown"),
     _case("optimize", ["--design-file", "{design_bad_cap.toml}"], "cap must be a finite number", "opt-design-bad-cap"),
+]
+
+
+# simulate: what the simulator cannot run, and the one grammar's workload rules (issue 38).
+CASES += [
+    _case("simulate", ["--colocated-pool", "dgx-h100:2.5"], "the simulator runs whole machines", "sim-pool-fraction"),
+    _case("simulate", ["--design", "baseline-h100", "--machines", "2.5"], "must be a whole number of machines",
+          "sim-machines-fraction"),
+    _case("simulate", COLO + ["--chunked-prefill", "256.5"], "--chunked-prefill 256.5: the simulator splits prompts",
+          "sim-chunked-fraction"),
+    _case("simulate", SPLITWISE + ["--chunked-prefill", "512"], "--chunked-prefill applies to a colocated design",
+          "sim-chunked-on-splitwise"),
+    _case("simulate", ["--colocated-pool", "dgx-h100,dgx-b200:4"], "lists 2 machines", "sim-pool-list"),
+    _case("simulate", COLO + ["--resample-poisson"], "--resample-poisson resamples a trace CSV", "sim-resample-preset"),
+    _case("evaluate", COLO + ["--resample-poisson"], "--resample-poisson resamples a trace CSV",
+          "eval-resample-preset"),
+    _case("optimize", ["--workload", "conversation", "--resample-poisson"], "--resample-poisson resamples a trace CSV",
+          "opt-resample-preset"),
+    _case("simulate", COLO + ["--workload", "{trace_ok.csv}", "--horizon", "10"],
+          "--horizon: a trace given as --workload is replayed", "sim-horizon-with-replay"),
+    _case("simulate", COLO + ["--trace", "{trace_ok.csv}", "--workload", "coding"], "--trace is the deprecated name",
+          "sim-trace-and-workload"),
+    _case("simulate", COLO + ["--workload", "{missing.csv}"], "neither a preset nor an existing trace file",
+          "sim-trace-missing"),
+    _case("simulate", COLO + ["--workload", "{trace_negative.csv}"], "must be >= 1 token", "sim-trace-negative"),
+    _case("simulate", COLO + ["--hf-config", "{hf_missing_key.json}"], "num_hidden_layers",
+          "sim-hf-config-missing-key"),
+    _case("simulate", ["--design-file", "{design_bad_cap.toml}"], "cap must be a finite number", "sim-design-bad-cap"),
 ]
 
 

@@ -68,21 +68,33 @@ def sim_table_validation():
     return vc, vc.compare(runs, vc.predict(runs, "splitwise-sim-table"), "splitwise-sim-table")
 
 
+# Median |relative error| of each percentile over the 120 Poisson reference runs with
+# SplitwiseSim's own phase table, measured 2026-12-04 (this test's fixture; docs/
+# validation.md has the same figures over all 124 runs), and SLO verdict agreement
+# (118 / 120). Issue 4's goal was 10% at P50 and 20% at P90/P99 with 90% agreement, and
+# issue 10's 5% / 10% / 95%; the model has been inside both since 2026-12-02.
+ACCURACY_TODAY = {"ttft_p50": 0.0361, "tbt_p50": 0.0128, "e2e_p50": 0.0266,
+                  "ttft_p90": 0.0477, "tbt_p90": 0.0343, "e2e_p90": 0.0299,
+                  "ttft_p99": 0.0297, "tbt_p99": 0.0592, "e2e_p99": 0.0403}
+AGREEMENT_TODAY = 118 / 120
+
+
 @needs_shared
 def test_accuracy_vs_splitwisesim_runs(sim_table_validation):
-    # Issue 4's goal, with SplitwiseSim's own phase table so that only the queueing
-    # and batching model is tested: median |relative error| over the reference runs
-    # <= 10% at P50 and <= 20% at P90/P99, SLO verdict agreement >= 90%. (Issue 10's
-    # stricter goal, 5% / 10% / 95% and no false "meets", is reported in the README's
-    # accuracy table, where it is met on splitwisesim_runs.csv and missed at the
-    # boundary.)
+    """Today's accuracy against the reference runs, with SplitwiseSim's own phase table
+    so that only the queueing and batching model is tested. Limits: today's median
+    (ACCURACY_TODAY) plus 2 points or plus half of it, whichever is larger (a model
+    change that worsens a median by that much is a regression to look at; the figures
+    are deterministic), and at most two more verdict disagreements than today's two."""
     vc, per_run = sim_table_validation
     assert len(per_run) >= 110  # the shared folder holds 72 + 48 Poisson runs; a truncated file is a defect
     med = {c: float(per_run[f"err_{c}"].abs().median()) for c in vc.ERR_COLS}
-    limits = {c: 0.10 if c.endswith("p50") else 0.20 for c in vc.ERR_COLS}
-    over = {c: f"{med[c]:.1%} > {limits[c]:.0%}" for c in vc.ERR_COLS if med[c] > limits[c]}
+    limits = {c: ACCURACY_TODAY[c] + max(0.02, 0.5 * ACCURACY_TODAY[c]) for c in vc.ERR_COLS}
+    over = {c: f"{med[c]:.2%} > {limits[c]:.2%} (today {ACCURACY_TODAY[c]:.2%})" for c in vc.ERR_COLS
+            if med[c] > limits[c]}
     assert not over, over
-    assert per_run["slo_agree"].mean() >= 0.90
+    assert (~per_run["slo_agree"]).sum() <= round((1 - AGREEMENT_TODAY) * len(per_run)) + 2, \
+        per_run.loc[~per_run["slo_agree"], ["design", "n_prompt", "n_token", "workload", "rate"]].to_dict("records")
 
 
 @needs_shared
@@ -92,7 +104,8 @@ def test_moved_decodes_run_at_the_mixed_machines_pace(sim_table_validation):
     seldom drafts; the reference's moved decodes then run on machines that left the
     prompt pool and get no prompts (TBT P90 0.036 s, as on token machines). Before the
     mixed pool the model had them sit through the prompt pool's prompts: TBT P90 0.064-
-    0.081 s and three false "fails". Tolerance: issue 10's 10% goal at P90/P99."""
+    0.081 s and three false "fails". Tolerance 7%: measured 2026-12-04, |error| 3.1-3.2% at
+    P90 and 2.6-5.1% at P99 (issue 10's goal was 10%), plus 2 points."""
     vc, per_run = sim_table_validation
     runs = per_run[(per_run["design"] == "splitwise-hh") & (per_run["workload"] == "conv")]
     cases = [(16, 6, 60.0), (20, 6, 60.0), (30, 10, 110.0), (35, 5, 110.0)]
@@ -102,7 +115,7 @@ def test_moved_decodes_run_at_the_mixed_machines_pace(sim_table_validation):
         row = row.iloc[0]
         assert row["mixed_decode_frac"] > 0.25, row["mixed_decode_frac"]  # the case: heavy overflow
         for pc in ("p90", "p99"):
-            assert abs(row[f"err_tbt_{pc}"]) <= 0.10, (n_p, n_t, rate, pc, row[f"err_tbt_{pc}"])
+            assert abs(row[f"err_tbt_{pc}"]) <= 0.07, (n_p, n_t, rate, pc, row[f"err_tbt_{pc}"])
         assert row["slo_agree"], (n_p, n_t, rate)
 
 

@@ -232,6 +232,13 @@ def test_cli_json(capsys, tmp_path):
     assert out["feasible"] and out["prompt_machines"] >= 1 and out["token_machines"] >= 1
     assert set(out["slo_margins"]) == set(O.SLO_NAMES)
     assert plot.stat().st_size > 1000
+    # certified by default: the answer printed is the certificate's
+    cert = out["certificate"]
+    assert cert["supported"] and cert["seeds"] == [0, 1, 2, 3] and len(cert["per_seed"]) == 4
+    if cert["certified"]:
+        assert all(r["meets"] for r in cert["per_seed"])
+        assert (cert["answer"]["prompt_machines"], cert["answer"]["token_machines"]) == (out["prompt_machines"],
+                                                                                         out["token_machines"])
 
 
 def test_baseline_json_names_machines():

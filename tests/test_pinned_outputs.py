@@ -19,19 +19,15 @@ splitwise, chunked), shared with the generator (`make_pinned_evaluate.evaluate_c
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import splitwise_jax as sj
+from conftest import fixture_module
 
-_FIXTURES = Path(__file__).with_name("fixtures")
-_spec = importlib.util.spec_from_file_location("make_pinned_evaluate", _FIXTURES / "make_pinned_evaluate.py")
-gen = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gen)
+gen = fixture_module("make_pinned_evaluate")  # shared with tests/test_paper_claims.py (its programs)
 
 PINNED = json.loads(gen.PATH.read_text())
 

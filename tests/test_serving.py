@@ -166,8 +166,10 @@ def test_no_row_decodes_faster_than_the_roofline(public_prediction):
 
 @needs_shared
 def test_simulation_agrees_with_the_fluid_model():
-    # one light and one busy stage of Code Llama 34B, 60 s each: the simulation's P50s
-    # within 10 % of the fluid model's (measured 2026-12-03: TPOT and E2E within 3 %)
+    # one light and one busy stage of Code Llama 34B, 60 s each (seeded: deterministic):
+    # the simulation's P50s within 5 % of the fluid model's. Measured 2026-12-04: TPOT
+    # +0.6 / +1.1 %, E2E +0.3 / +0.9 %, TTFT +1.3 / +2.7 % (light / busy); 5 % is the
+    # worst plus ~2 points (was 10 %)
     from splitwise_jax.simulate.serving_engine import simulate_experiment
 
     phase, engine = _stack()
@@ -183,7 +185,7 @@ def test_simulation_agrees_with_the_fluid_model():
         assert s["failed"] == 0
         for m in ("tpot", "e2e", "ttft"):
             p = pred.loc[k, f"pred_{m}_p50_s"]
-            assert abs(s[f"{m}_p50_s"] / p - 1) < 0.10, (k, m, s[f"{m}_p50_s"], p)
+            assert abs(s[f"{m}_p50_s"] / p - 1) < 0.05, (k, m, s[f"{m}_p50_s"], p)
 
 
 # ---- command lines ---------------------------------------------------------------------

@@ -52,7 +52,7 @@ def predict_intervals(fitted, rows: pd.DataFrame, level: float = 0.9) -> pd.Data
     Args:
         fitted: a calibration with `uncertainty` (`fit.Fitted`; the shipped fit has it).
         rows: columns model, hardware, tensor_parallel, prompt_size, batch_size,
-            token_size (validated, e.g. by `predict.validate_queries`).
+            token_size (validated, e.g. by `calibrate.queries.validate_queries`).
         level: central probability of each interval, in (0, 1).
 
     Returns:

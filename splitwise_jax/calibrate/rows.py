@@ -173,7 +173,7 @@ def predict_frame(fitted, rows: pd.DataFrame) -> pd.DataFrame:
         fitted: the calibration (`fit.Fitted`: anything with `params_for(gpu_name)`).
         rows: columns model, hardware, tensor_parallel, prompt_size, batch_size,
             token_size (names as in the catalogue and `catalog.MACHINE_OF_HARDWARE`;
-            values already validated, e.g. by `predict.validate_queries`).
+            values already validated, e.g. by `calibrate.queries.validate_queries`).
 
     Returns:
         DataFrame indexed like `rows` with prompt_time, token_time (ms, the profiles'

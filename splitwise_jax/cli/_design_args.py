@@ -1,7 +1,9 @@
-"""Command-line arguments shared by `evaluate` and `optimize`: the design (a preset, a
-design file or pool flags), the model (catalogue, spec file or a local Hugging Face
-config.json, with precision overrides) and the provenance of each pool's phase
-parameters, as the outputs print it.
+"""Command-line arguments shared by `evaluate`, `optimize` and `simulate`: the design (a
+preset, a design file or pool flags), the model (catalogue, spec file or a local Hugging
+Face config.json, with precision overrides), the workload (a preset, or a trace file
+replayed with its own arrivals unless --resample-poisson) and the provenance of each
+pool's phase parameters, as the outputs print it. One grammar: a flag means the same in
+every command that takes it (tests/test_cli_grammar.py).
 
 Every check raises ValueError naming the flag; the CLIs wrap these calls in
 `_cli.input_errors`, which turns them into exit status 2 with the message.
@@ -12,9 +14,14 @@ from __future__ import annotations
 import argparse
 import math
 
+from pathlib import Path
+
 from splitwise_jax.cli import _cli
 from splitwise_jax.specs import catalog
 from splitwise_jax.cluster.designs import Design, get_design
+# The preset names and their aliases: `workload.workload`'s own table (one home), so that
+# "is this --workload a trace file?" is answered here exactly as `workload` answers it.
+from splitwise_jax.cluster.workload import _PRESET_ALIASES as _PRESET_WORKLOADS
 from splitwise_jax.specs.llm import LLM, canonical_dtype
 from splitwise_jax.phases.provenance import Provenance
 
@@ -41,6 +48,82 @@ def add_design_arguments(ap: argparse.ArgumentParser, *, counts: bool) -> None:
     else:
         ap.add_argument("--chunked-prefill", metavar="TOKENS[,TOKENS...]",
                         help="chunked prefill on a colocated design; several budgets are searched")
+
+
+#: What --workload means in every command (evaluate, optimize, simulate).
+WORKLOAD_HELP = ("coding or conversation (Poisson arrivals), or a trace CSV (SplitwiseSim, Azure or "
+                 "arrival_s,prompt_tokens,output_tokens): its own arrival times are replayed (--rate compresses or "
+                 "stretches them to that mean rate); --resample-poisson draws Poisson arrivals with its sizes instead")
+
+
+def add_resample_argument(ap: argparse.ArgumentParser) -> None:
+    """--resample-poisson: a trace given as --workload gives its sizes only (Poisson arrivals)."""
+    ap.add_argument("--resample-poisson", action="store_true",
+                    help="with a trace CSV as --workload: Poisson arrivals at --rate (default the trace's mean "
+                         "rate) with sizes drawn from the trace, instead of replaying its own arrival times")
+
+
+def trace_file(name) -> Path | None:
+    """The trace file a --workload names, or None for a preset (coding, conversation).
+
+    The rule is `workload.workload`'s: a preset name first, then an existing file.
+
+    Raises:
+        ValueError: neither a preset nor an existing file (naming --workload and what is
+            accepted).
+    """
+    if str(name).lower() in _PRESET_WORKLOADS:
+        return None
+    p = Path(name)
+    if not p.is_file():
+        raise ValueError(f"--workload {str(name)!r} is neither a preset nor an existing trace file; accepted presets: "
+                         f"{sorted(_PRESET_WORKLOADS)}, or a path to a trace CSV")
+    return _cli.input_file("--workload", p)
+
+
+def arrival_from_args(args) -> str | None:
+    """`workload.workload`'s `arrival` for the arguments: None (a trace replays its own
+    arrivals, a preset is Poisson) or "poisson" with --resample-poisson on a trace.
+
+    Raises:
+        ValueError: --resample-poisson with a preset (it has no arrivals of its own).
+    """
+    if not getattr(args, "resample_poisson", False):
+        return None
+    if trace_file(args.workload) is None:
+        raise ValueError(f"--resample-poisson resamples a trace CSV given as --workload; {args.workload!r} is a "
+                         "preset, whose arrivals are Poisson already")
+    return "poisson"
+
+
+def replay_trace(path, rate_per_s: float | None = None):
+    """A trace file's requests at their own arrival times (`simulate.trace.from_csv`);
+    with a rate, the times compressed or stretched about the first arrival to that mean
+    rate, the curve's shape kept (as `workload.from_trace` rescales a trace's arrival
+    profile for the fluid model).
+
+    Raises:
+        ValueError: a malformed trace, or a rate for a trace without an arrival span.
+    """
+    from splitwise_jax.simulate import trace as trace_mod
+
+    tr = trace_mod.from_csv(path)
+    if rate_per_s is None:
+        return tr
+    if len(tr) < 2 or not tr.rate_per_s < math.inf:
+        raise ValueError(f"--rate: trace {path} has no arrival span to rescale; drop --rate")
+    t0 = tr.arrival_s[0]
+    scaled = t0 + (tr.arrival_s - t0) * (tr.rate_per_s / rate_per_s)
+    return trace_mod.RequestTrace(scaled, tr.prompt_tokens, tr.output_tokens, tr.request_id,
+                                  name=f"{tr.name}-at-{rate_per_s:g}rps")
+
+
+def workload_from_args(args, rate_per_s=None):
+    """The `Workload` of --workload (with --resample-poisson) at `rate_per_s` (None: the
+    preset's 70 req/s or the trace's own mean rate)."""
+    from splitwise_jax.cluster.workload import workload as load_workload
+
+    return load_workload(args.workload, rate_per_s=rate_per_s, arrival=arrival_from_args(args))
 
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:

@@ -24,13 +24,13 @@ import argparse
 import json
 import sys
 
+import numpy as np
 
 from splitwise_jax.cli import _cli, _design_args
 from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster.cluster import evaluate
 from splitwise_jax.cluster.metrics import STATUS_WORDS, metrics_to_dict, status_words  # noqa: F401  (re-exported)
 from splitwise_jax.cluster.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES, build_cluster
-from splitwise_jax.cluster.workload import workload as load_workload
 
 #: status bit -> word (`metrics.Status`), the name this module has exported.
 STATUS_BITS = STATUS_WORDS
@@ -70,20 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt machines (Splitwise; DGX-H100 for HA)")
     ap.add_argument("--token-machines", type=_cli.positive_float, help="token machines (Splitwise; DGX-A100 for HA)")
     _design_args.add_design_arguments(ap, counts=True)
-    ap.add_argument("--workload", default="coding", help="coding, conversation, or a trace CSV path")
+    ap.add_argument("--workload", default="coding", help=_design_args.WORKLOAD_HELP)
     ap.add_argument("--rate", type=_cli.positive_float,
                     help="arrival rate, req/s (default: the trace's, 70 for presets)")
+    _design_args.add_resample_argument(ap)
     ap.add_argument("--horizon", type=_cli.positive_float, default=120.0, help="length of the arrival window, s")
     _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
-    ap.add_argument("--transfer", choices=TRANSFER_MODES, help="KV-cache transfer mode (default: the design's, "
-                                                               "serialized for presets)")
+    ap.add_argument("--transfer", "--transfer-mode", dest="transfer", choices=TRANSFER_MODES,
+                    help="KV-cache transfer mode (default: the design's, serialized for presets)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-uncertainty", action="store_true",
                     help="leave the 'uncertainty' object (90%% intervals, SLO probabilities; docs/uncertainty.md) out "
                          "of --json: it costs 2 x 23 extra evaluations per GPU type in the cluster")
     ap.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache "
                                                             "(as optimize; SPLITWISE_JAX_CACHE moves it)")
+    ap.add_argument("--simulate", type=_cli.positive_int, metavar="K",
+                    help="also simulate the cluster request by request on K seeds (Poisson arrivals of a preset "
+                         "workload or of --resample-poisson; a trace is replayed once with its own arrivals) and print the model's and the "
+                         "simulation's percentiles side by side, with the seeds' spread")
     return ap
 
 
@@ -118,10 +123,11 @@ def main(argv=None) -> int:
         _design_args.check_counts(design)
         if a.transfer is not None:
             design = design.replace(transfer_mode=a.transfer)
-        wl = load_workload(a.workload, rate_per_s=a.rate)
+        wl = _design_args.workload_from_args(a, a.rate)
         params_path = _design_args.params_path_from_args(a)
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model, params_path=params_path)
         pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
+        traces, seeds = _simulation_traces(a, design, wl) if a.simulate else (None, None)
     if not a.no_cache:
         _cli.enable_cache()
     ev = _EVALUATE
@@ -130,6 +136,11 @@ def main(argv=None) -> int:
     d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
                    "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
     d["pools"] = pools
+    runs = None
+    if traces is not None:
+        from splitwise_jax.simulate.side_by_side import side_by_side_dict, simulate_runs
+        runs = simulate_runs(cluster, traces, progress=not a.json and sys.stderr.isatty())
+        d["simulation"] = side_by_side_dict(d, runs, seeds)
     if a.json:
         if not a.no_uncertainty:
             from splitwise_jax.uncertainty import uncertainty_dict
@@ -140,7 +151,26 @@ def main(argv=None) -> int:
         print(format_table(d, f"{design.name} ({what}{design.strategy.describe(design)}), {llm.name}, {a.workload} at "
                               f"{float(wl.rate_per_s):g} req/s, {a.phase_model} phases"))
         print("\n".join(_design_args.pool_lines(pools)))
+        if runs is not None:
+            from splitwise_jax.simulate.side_by_side import side_by_side_text
+            print(side_by_side_text(d, runs, seeds))
     return 0
+
+
+def _simulation_traces(a, design, wl):
+    """`--simulate K`'s traces: K seeded Poisson traces of a preset workload, or the trace
+    file replayed once; (traces, seeds or None). ValueError on what cannot be simulated."""
+    from splitwise_jax.simulate import trace as trace_mod
+
+    if design.kind == "chunked":
+        raise ValueError("--simulate runs SplitwiseSim's policies; a chunked-prefill design runs another scheduler "
+                         "(studies/chunked_prefill.py checks it)")
+    path = _design_args.trace_file(a.workload)
+    if path is None or a.resample_poisson:  # Poisson arrivals (a preset, or a trace's sizes resampled)
+        seeds = list(range(a.simulate))
+        rate = float(np.asarray(wl.rate_per_s))
+        return [trace_mod.poisson(wl, rate, a.horizon, s) for s in seeds], seeds
+    return [_design_args.replay_trace(path, a.rate)], None  # its own arrivals, rescaled by --rate (one grammar)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,11 @@ def _answer_pools(cluster, res, phase_model: str, params_path=None) -> list[dict
     return _design_args.pools_dict(cluster, params_path, phase_model=phase_model)
 
 
+def _certify_default() -> int:
+    from splitwise_jax.simulate.certify import DEFAULT_SEEDS
+    return DEFAULT_SEEDS
+
+
 def build_parser() -> argparse.ArgumentParser:
     from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, PRESETS, TRANSFER_MODES
 
@@ -77,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--design", choices=sorted(PRESETS), help="a named design (default splitwise-hh); or "
                                                               "--design-file, or pool flags")
     _design_args.add_design_arguments(ap, counts=False)
-    ap.add_argument("--workload", default="coding", help="preset (coding, conversation) or an Azure/SplitwiseSim trace CSV")
+    ap.add_argument("--workload", default="coding", help=_design_args.WORKLOAD_HELP)
+    _design_args.add_resample_argument(ap)
     ap.add_argument("--objective", default="cost", choices=OBJECTIVES)
     ap.add_argument("--rate", type=_cli.positive_float, metavar="R",
                     help="target load, req/s, of cost/power problems (default 70 for presets)")
@@ -95,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--slo", help="9 slowdown limits TTFT,TBT,E2E x P50,P90,P99 (default Table VI: 2,3,6,1.25,1.5,5,1.25,1.5,5)")
     _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", default="calibrated", choices=PHASE_MODELS)
-    ap.add_argument("--transfer-mode", choices=TRANSFER_MODES, help="KV transfer (default: the design's, serialized)")
+    ap.add_argument("--transfer-mode", "--transfer", dest="transfer_mode", choices=TRANSFER_MODES, help="KV transfer (default: the design's, serialized)")
     ap.add_argument("--steps", type=_cli.positive_int, help="gradient steps per augmented-Lagrangian round (default 30)")
     ap.add_argument("--verify", action="store_true", help="also evaluate the exhaustive integer grid and compare")
     ap.add_argument("--no-prune", action="store_true", help="with --verify: evaluate every cell (no exact pruning)")
@@ -109,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--simulate-top", type=_cli.positive_int, metavar="K",
                     help="simulate the K best integer candidates (and cheaper ones the model rejects) request by "
                          "request; report where simulation and model disagree (docs/simulate.md)")
+    ap.add_argument("--certify", type=_cli.positive_int, metavar="K", default=None,
+                    help="simulate the answer request by request on K seeds (default %d); if a seed misses an SLO, step "
+                         "to the cheapest neighbour that passes every seed; check the one-machine-cheaper neighbours "
+                         "fail (docs/optimize.md, 'Certified answers')" % _certify_default())
+    ap.add_argument("--no-certify", action="store_true", help="skip the certification by simulation")
     ap.add_argument("--confidence", type=float, metavar="P",
                     help="also find the best design whose nine SLOs all hold with probability >= P, 0 < P < 1, under "
                          "the model's error bars, and report what it costs over the point answer (docs/uncertainty.md)")
@@ -149,6 +160,11 @@ def _check_flags(args) -> None:
         raise ValueError("--pareto-csv writes the front of --pareto; add --pareto OBJ,OBJ")
     if args.compare_designs and args.verify:
         raise ValueError("--verify checks one design's answer; it does not combine with --compare-designs")
+    if args.no_certify and args.certify is not None:
+        raise ValueError("--certify K and --no-certify contradict each other; give one")
+    if args.certify is not None and (args.compare_designs or args.pareto is not None):
+        raise ValueError("--certify checks one design's answer; it does not combine with --compare-designs or "
+                         "--pareto")
     if args.compare_designs and args.simulate_top:
         raise ValueError("--simulate-top checks one design's answer; it does not combine with --compare-designs")
 
@@ -160,7 +176,6 @@ def main(argv=None) -> int:
     from splitwise_jax.cluster.designs import DESIGNS, build_cluster, make_cluster
     from splitwise_jax.optimize.variants import best_variant, variants, variants_table
     from splitwise_jax.cluster.workload import coarsen
-    from splitwise_jax.cluster.workload import workload as load_workload
 
     t_start = time.perf_counter() - _cli.process_seconds()  # so that perf_counter() - t_start is the process's age
     ap = build_parser()
@@ -215,7 +230,7 @@ def main(argv=None) -> int:
         for d in designs:  # structural checks before any compilation
             if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
                 free_flags(clusters[d], problem.free_caps)
-        wl_full = load_workload(args.workload, args.rate if args.objective != "throughput" else None)
+        wl_full = _design_args.workload_from_args(args, args.rate if args.objective != "throughput" else None)
         wl = coarsen(wl_full, args.bins, args.bins) if args.bins else wl_full
         for d in designs:  # budgets that cannot buy a machine per pool, pool bounds
             if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
@@ -292,6 +307,16 @@ def main(argv=None) -> int:
     if args.confidence is not None:
         from splitwise_jax.optimize.confidence import confident_answer
         conf = confident_answer(cluster, wl, problem, res, args.confidence, config, progress=progress)
+    cert = None
+    if not args.no_certify and res.best is not None:
+        from splitwise_jax.simulate.certify import certify
+        seeds = range(args.certify if args.certify is not None else _certify_default())
+        cert = certify(cluster, wl_full, problem, res.best, seeds=seeds, splitwise=cluster.kind == "splitwise",
+                       progress=progress)
+        if cert.stepped:
+            moved = evaluate_candidate(cluster, wl_full, _candidate_at(res.best, cert.answer), problem, config)
+            res = dataclasses.replace(res, best=moved, metrics=moved.metrics)
+            full = moved
     sim_check = None
     if args.simulate_top and res.best is not None:
         from splitwise_jax.simulate.candidates import check_optimum
@@ -308,6 +333,9 @@ def main(argv=None) -> int:
             d["paper"] = {k: paper.FIG12[k] for k in ("prompt_machines", "token_machines")}
         if sim_check is not None:
             d["simulate_top"] = sim_check[1]
+        if cert is not None:
+            d["certificate"] = cert.to_dict()
+            d["certified"] = bool(cert.certified)
         if searched is not None:
             d["variants"] = {k: _result_dict(r, clusters[k].kind == "splitwise", None, None, r.timings_s["gradient"])
                              for k, r in searched.items()}
@@ -323,11 +351,15 @@ def main(argv=None) -> int:
                                  f"{len(searched)} machine / budget choices on {args.workload}: {goal} {load}"))
         name = _label(args.design) if args.design in DESIGNS else args.design
         _print_result(res, cluster, f"{name} on {args.workload}: {goal} {load} ({bins_text})",
-                      full, grid, opt_wall, bins_text, fig12)
+                      full, grid, opt_wall, bins_text, fig12,
+                      certified=cert.certified if cert is not None and cert.supported else None)
         if stepped is not None:
             print(f"  the search's answer ({stepped['searched'][0]} + {stepped['searched'][1]} machines, on "
                   f"{bins_text}) missed a limit at full resolution; stepped up to the cheapest neighbour "
                   f"that meets every one: {stepped['answer'][0]} + {stepped['answer'][1]}")
+        if cert is not None:
+            from splitwise_jax.simulate.certify import certificate_text
+            print(certificate_text(cert, problem.objective))
         if sim_check is not None:
             print(sim_check[0])
         print("\n".join("  " + line for line in _design_args.pool_lines(_answer_pools(cluster, res,
@@ -342,6 +374,12 @@ def main(argv=None) -> int:
             fig = plot_plane(res, cluster, wl, problem, config, grid, progress)
         fig.savefig(args.plot, dpi=120)
     return 0
+
+
+def _candidate_at(best, row):
+    """The optimiser's answer moved to another cell (n_p, n_t, cap_p, cap_t, rate); evaluated later."""
+    return best._replace(prompt_machines=int(round(row[0])), token_machines=int(round(row[1])),
+                         prompt_cap_frac=float(row[2]), token_cap_frac=float(row[3]), rate_per_s=float(row[4]))
 
 
 def _run_pareto(args, clusters, designs, wl, problem, config, progress, bins_text, load, t_start, ap) -> int:

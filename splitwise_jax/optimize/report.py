@@ -76,7 +76,7 @@ def _result_dict(res: OptimizeResult, splitwise: bool, full: Candidate | None, g
 
 
 def _print_result(res: OptimizeResult, cluster: Cluster, title: str, full: Candidate | None, grid: GridResult | None,
-                  opt_wall_s: float, bins_text: str, fig12: bool):
+                  opt_wall_s: float, bins_text: str, fig12: bool, certified: bool | None = None):
     splitwise = cluster.strategy.token_pool
     print(title)
     b = res.best
@@ -91,7 +91,11 @@ def _print_result(res: OptimizeResult, cluster: Cluster, title: str, full: Candi
     else:
         caps = (f"caps {b.prompt_cap_frac:.0%} / {b.token_cap_frac:.0%} of TDP" if splitwise
                 else f"cap {b.prompt_cap_frac:.0%} of TDP")
-        print(f"  answer: {_pools_text(b, splitwise)} machines, {caps}  ->  feasible: {'yes' if b.feasible else 'NO'}")
+        verdict = f"feasible: {'yes' if b.feasible else 'NO'}"
+        if certified is not None:
+            verdict = (f"model: {'meets every constraint' if b.feasible else 'misses a constraint'}; "
+                       f"simulation: {'certified' if certified else 'NOT certified'} (below)")
+        print(f"  answer: {_pools_text(b, splitwise)} machines, {caps}  ->  {verdict}")
         m = b.metrics
         print(f"  load {b.rate_per_s:.2f} req/s   cost ${b.cost_per_hour:,.2f}/h   provisioned {b.provisioned_power_kw:.1f} kW"
               f"   drawn {float(m.power_kw):.1f} kW")

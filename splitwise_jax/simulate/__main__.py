@@ -1,18 +1,27 @@
 """`python -m splitwise_jax.simulate`: simulate one cluster request by request.
 
-The arguments of `python -m splitwise_jax.evaluate`, plus the trace and the outputs:
+The design, model and workload arguments of `python -m splitwise_jax.evaluate` (one
+grammar, `splitwise_jax.cli._design_args`), plus the seed and the outputs:
 
     python -m splitwise_jax.simulate --design splitwise-hh --prompt-machines 27 \
         --token-machines 3 --workload coding --rate 70 --seed 0 --json
     python -m splitwise_jax.simulate --design baseline-h100 --machines 40 \
-        --phase-model splitwise-sim-table --trace rr_code_70_2min.csv --requests-out requests.csv
+        --phase-model splitwise-sim-table --workload rr_code_70_2min.csv --requests-out requests.csv
+    python -m splitwise_jax.simulate --prompt-pool dgx-h100:20 --token-pool dgx-a100:6 --workload conversation
+    python -m splitwise_jax.simulate --design chunked-h100 --machines 40 --workload coding --rate 70
 
-Arrivals: ``--trace CSV`` replays a trace with its own arrival times (SplitwiseSim's
-format, the Azure trace's, or ``arrival_s,prompt_tokens,output_tokens``). Otherwise
-Poisson arrivals at ``--rate`` over ``--horizon`` seconds, seeded by ``--seed``, with
-sizes drawn from ``--workload``: a preset (coding, conversation: its binned size
-distribution) or a trace CSV (its own prompt and output columns, each drawn on its own
-as SplitwiseSim's generator does; the rate defaults to the trace's).
+Arrivals, as in evaluate: ``--workload coding|conversation`` gives Poisson arrivals at
+``--rate`` (70) over ``--horizon`` seconds (120), seeded by ``--seed``, sizes drawn from
+the preset. ``--workload CSV`` (SplitwiseSim's format, the Azure trace's, or
+``arrival_s,prompt_tokens,output_tokens``) replays the trace with its own arrival times;
+``--rate`` compresses or stretches them to that mean rate (evaluate's reading of a
+trace). ``--resample-poisson`` instead draws Poisson arrivals at ``--rate`` (default the
+trace's mean rate) over ``--horizon``, each size column sampled on its own as
+SplitwiseSim's generator does. ``--trace CSV`` is the deprecated name of ``--workload
+CSV``.
+
+Designs: any of evaluate's (a preset, ``--design-file``, pool flags, ``--chunked-prefill``
+on a colocated design), with whole machine counts, one machine type per pool.
 
 ``--json`` prints the object `evaluate --json` prints, with the same keys, measured on
 the simulated requests. Bad arguments or inputs exit with status 2 and a message.
@@ -31,6 +40,16 @@ from splitwise_jax.cli import _cli, _design_args
 # Long runs show a progress bar on stderr (tqdm) from this many requests on.
 PROGRESS_FROM_REQUESTS = 20_000
 
+_TRACE_DEPRECATED = ("--trace CSV is deprecated: it is --workload CSV (a trace given as --workload is replayed with "
+                     "its own arrival times, as in evaluate)")
+_warned: set[str] = set()  # each deprecation is said once per process
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr)
+
 
 def _whole_machines(text: str) -> int:
     v = _cli.positive_float(text)
@@ -41,34 +60,34 @@ def _whole_machines(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, TRANSFER_MODES
+    from splitwise_jax.cluster.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES
 
     ap = argparse.ArgumentParser(prog="python -m splitwise_jax.simulate", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[2:]))
-    ap.add_argument("--design", choices=sorted(DESIGNS), default="splitwise-hh")
-    ap.add_argument("--machines", type=_whole_machines, help="machines of a baseline design")
+    ap.add_argument("--design", choices=sorted(PRESETS),
+                    help="a named design (default splitwise-hh); or --design-file, or pool flags")
+    ap.add_argument("--machines", type=_whole_machines, help="machines of a colocated design (baseline, chunked)")
     ap.add_argument("--prompt-machines", type=_whole_machines, help="prompt machines (Splitwise; DGX-H100 for HA)")
     ap.add_argument("--token-machines", type=_whole_machines, help="token machines (Splitwise; DGX-A100 for HA)")
-    ap.add_argument("--workload", default=None,
-                    help="coding, conversation, or a trace CSV whose sizes are sampled (default coding)")
+    _design_args.add_design_arguments(ap, counts=True)
+    ap.add_argument("--workload", default=None, help=_design_args.WORKLOAD_HELP + " (default coding)")
     ap.add_argument("--rate", type=_cli.positive_float,
-                    help="Poisson arrival rate, req/s (default: 70 for presets, the trace's for a CSV workload)")
-    ap.add_argument("--horizon", type=_cli.positive_float, default=None, help="length of the arrival window, s (120)")
-    ap.add_argument("--model", default="bloom-176b", help="LLM name from the catalogue (or a --specs file)")
-    ap.add_argument("--specs", metavar="FILE", help="TOML/JSON spec file of extra GPUs, machines, LLMs")
+                    help="arrival rate, req/s (default: 70 for presets, the trace's for a trace CSV)")
+    _design_args.add_resample_argument(ap)
+    ap.add_argument("--horizon", type=_cli.positive_float, default=None,
+                    help="length of the arrival window of Poisson arrivals, s (120); a replayed trace runs its own")
+    ap.add_argument("--trace", metavar="CSV", help="deprecated: the same as --workload CSV")
+    _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", choices=PHASE_MODELS, default="calibrated")
-    _design_args.add_params_argument(ap)
-    ap.add_argument("--transfer", choices=TRANSFER_MODES, default="serialized", help="KV-cache transfer mode")
+    ap.add_argument("--transfer", "--transfer-mode", dest="transfer", choices=TRANSFER_MODES,
+                    help="KV-cache transfer mode (default: the design's, serialized for presets)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the keys of evaluate --json)")
     ap.add_argument("--seed", type=_cli.nonnegative_int, default=0, help="seed of the sampled arrivals and sizes")
-    ap.add_argument("--trace", metavar="CSV", help="replay this trace with its own arrival times")
     ap.add_argument("--requests-out", metavar="CSV", help="write one row per request here")
     ap.add_argument("--machines-out", metavar="CSV", help="write per-machine utilisation here")
     ap.add_argument("--histogram-out", metavar="CSV",
                     help="write the time-weighted active-token histograms (per pool) here")
-    ap.add_argument("--chunked-prefill", type=_cli.positive_int, metavar="TOKENS",
-                    help="chunked prefill with this prompt-token budget per iteration (baseline designs)")
     bar = ap.add_mutually_exclusive_group()
     bar.add_argument("--progress", action="store_true", help="always show a progress bar")
     bar.add_argument("--no-progress", action="store_true", help="never show a progress bar")
@@ -76,43 +95,103 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def make_trace(a, ap):
-    """The request trace the arguments ask for (argparse error on bad input)."""
+def _workload_name(a) -> str:
+    """--workload, or the deprecated --trace (warned once), or the default coding."""
+    if a.trace is not None:
+        _warn_once(_TRACE_DEPRECATED)
+        if a.workload is not None:
+            raise ValueError(f"--trace is the deprecated name of --workload CSV; give one of them, not --trace "
+                             f"{a.trace} and --workload {a.workload}")
+        return a.trace
+    return "coding" if a.workload is None else a.workload
+
+
+def make_trace(a):
+    """The request trace the arguments ask for (ValueError naming the flag on bad input)."""
     import numpy as np
 
-    from splitwise_jax.simulate import trace as trace_mod
     from splitwise_jax.cluster.workload import load_trace, workload as load_workload
+    from splitwise_jax.simulate import trace as trace_mod
 
-    if a.trace is not None:
-        if a.rate is not None or a.horizon is not None or a.workload is not None:
-            ap.error("--trace replays its own arrivals: drop --workload, --rate and --horizon")
-        return trace_mod.from_csv(_cli.input_file("--trace", a.trace))
-    horizon = 120.0 if a.horizon is None else a.horizon
-    name = "coding" if a.workload is None else a.workload
-    if name.lower() in ("coding", "code", "conversation", "conv"):
-        wl = load_workload(name)
+    a.workload = _workload_name(a)
+    path = _design_args.trace_file(a.workload)
+    resample = _design_args.arrival_from_args(a) == "poisson"
+    if path is None:  # a preset: Poisson arrivals
         rate = 70.0 if a.rate is None else a.rate
-        return trace_mod.poisson(wl, rate, horizon, a.seed)
-    df = load_trace(_cli.input_file("--workload", name))
+        return trace_mod.poisson(load_workload(a.workload), rate, 120.0 if a.horizon is None else a.horizon, a.seed)
+    if not resample:  # the trace's own arrivals (--rate rescales them), as evaluate reads a trace
+        if a.horizon is not None:
+            tr = trace_mod.from_csv(path)
+            raise ValueError(f"--horizon: a trace given as --workload is replayed over its own span "
+                             f"({tr.arrival_s[-1] - tr.arrival_s[0]:.4g} s; --rate rescales it); drop --horizon, or "
+                             "add --resample-poisson to draw Poisson arrivals over --horizon seconds")
+        return _design_args.replay_trace(path, a.rate)
+    # --resample-poisson: SplitwiseSim's generator: exponential gaps, each size column
+    # sampled on its own.
+    df = load_trace(path)
+    horizon = 120.0 if a.horizon is None else a.horizon
     if a.rate is None:
         gaps = np.diff(df["arrival_s"].to_numpy())
         if gaps.size < 1 or gaps.mean() <= 0:
-            ap.error(f"--workload {name}: cannot read a rate from its arrival times; give --rate")
+            raise ValueError(f"--workload {path}: cannot read a rate from its arrival times; give --rate")
         rate = 1.0 / float(gaps.mean())
     else:
         rate = a.rate
-    # SplitwiseSim's generator: exponential gaps, each size column sampled on its own.
     rng = np.random.default_rng(a.seed)
     expected = rate * horizon
     gaps = rng.exponential(1.0 / rate, size=int(expected + 10 * math.sqrt(expected) + 10))
     arrival = np.cumsum(gaps)
     arrival = arrival[arrival < horizon]
     if arrival.size == 0:
-        ap.error(f"no request arrives within --horizon {horizon:g} s at --rate {rate:g}")
+        raise ValueError(f"--horizon: no request arrives within {horizon:g} s at --rate {rate:g}")
     p = rng.choice(np.round(df["prompt_tokens"].to_numpy()), size=arrival.size)
     o = rng.choice(np.round(df["output_tokens"].to_numpy()), size=arrival.size)
     return trace_mod.RequestTrace.from_arrays(arrival, np.maximum(p, 1), np.maximum(o, 1),
-                                              name=f"{Path(name).stem}-poisson-{rate:g}rps")
+                                              name=f"{Path(path).stem}-poisson-{rate:g}rps")
+
+
+def _preset_sizes(ap, a) -> tuple[int, int]:
+    """Pool sizes of a named design from --machines / --prompt-machines / --token-machines."""
+    from splitwise_jax.cluster.designs import PRESETS
+
+    name = a.design or "splitwise-hh"
+    if PRESETS[name].kind != "splitwise":
+        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
+            what = "a baseline" if PRESETS[name].kind == "baseline" else "colocated (chunked prefill)"
+            ap.error(f"--design {name} is {what}: give --machines N (and not --prompt/--token-machines)")
+        return a.machines, 0
+    if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
+        ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
+    return a.prompt_machines, a.token_machines
+
+
+def sim_design(design):
+    """What the simulator runs for a design: (the design with whole counts and no chunk
+    budget, `SimConfig`), or ValueError naming what it cannot run.
+
+    Chunked prefill is a policy of the simulated machines (`SimConfig`), not of the
+    cluster's timing, so a chunked design is simulated as its colocated design with the
+    budget in the config; a design file's scheduler limits become the config's.
+    """
+    from splitwise_jax.simulate import SimConfig
+
+    for p in design.pools:
+        if abs(p.count - round(p.count)) > 1e-9:
+            raise ValueError(f"the {p.role} pool of {design.name!r} has {p.count:g} machines: the simulator runs whole "
+                             "machines (give a whole COUNT in the pool flag or design file, or --machines N)")
+    chunk = design.chunked_prefill_tokens
+    if chunk is not None and abs(chunk - round(chunk)) > 1e-9:
+        raise ValueError(f"--chunked-prefill {chunk:g}: the simulator splits prompts at whole tokens; give a whole "
+                         "number of prompt tokens per iteration (or chunked_prefill_tokens in the design file)")
+    sched = design.scheduling
+    knobs = {}
+    for field, knob in (("max_batch_tokens", "max_batch_tokens"), ("draft_pending_tokens", "prompt_queue_tokens")):
+        v = float(getattr(sched, field))
+        if abs(v - round(v)) > 1e-9:
+            raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole tokens")
+        knobs[knob] = int(round(v))
+    config = SimConfig(chunked_prefill_tokens=None if chunk is None else int(round(chunk)), **knobs)
+    return design.replace(chunked_prefill_tokens=None), config
 
 
 def main(argv=None) -> int:
@@ -122,37 +201,38 @@ def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
 
-    from splitwise_jax.cluster.designs import DESIGNS, make_cluster
-    from splitwise_jax.simulate import SimConfig, report, simulate
+    from splitwise_jax.cluster.designs import build_cluster
+    from splitwise_jax.simulate import report, simulate
 
-    baseline = DESIGNS[a.design].kind == "baseline"
-    if baseline:
-        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
-            ap.error(f"--design {a.design} is a baseline: give --machines N (and not --prompt/--token-machines)")
-        sizes = (a.machines, 0)
-    else:
-        if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
-            ap.error(f"--design {a.design} needs --prompt-machines P and --token-machines T (not --machines)")
-        sizes = (a.prompt_machines, a.token_machines)
-    if a.chunked_prefill is not None and not baseline:
-        ap.error("--chunked-prefill runs on colocated (baseline) designs, where each machine runs both phases")
+    preset = _design_args.is_preset(a)
+    if preset:
+        sizes = _preset_sizes(ap, a)
+    elif a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
+        ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
+                 "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
     with _cli.input_errors(ap):
         outs = {flag: (_cli.output_file(flag, path) if path is not None else None) for flag, path in
                 (("--requests-out", a.requests_out), ("--machines-out", a.machines_out),
                  ("--histogram-out", a.histogram_out))}
-        if a.specs is not None:
-            from splitwise_jax.specs.catalog import load_specs
-            load_specs(_cli.input_file("--specs", a.specs))
-        tr = make_trace(a, ap)
-        cluster = make_cluster(a.design, sizes[0], sizes[1] if not baseline else 0.0, model=a.model,
-                               phase_model=a.phase_model, transfer_mode=a.transfer,
-                               params_path=_design_args.params_path_from_args(a))
-        config = SimConfig(chunked_prefill_tokens=a.chunked_prefill)
+        llm = _design_args.model_from_args(a)
+        design = _design_args.design_from_args(a, preset_sizes=sizes if preset else None,
+                                               chunked_prefill=a.chunked_prefill)
+        _design_args.check_counts(design)
+        if a.transfer is not None:
+            design = design.replace(transfer_mode=a.transfer)
+        run_design, config = sim_design(design)
+        tr = make_trace(a)
+        params_path = _design_args.params_path_from_args(a)
+        cluster = build_cluster(run_design, model=llm, phase_model=a.phase_model, params_path=params_path)
+        pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
     if not a.no_cache:
         _cli.enable_cache()
     show = (a.progress or len(tr) >= PROGRESS_FROM_REQUESTS) and not a.no_progress
     res = simulate(cluster, tr, config, progress=show)
-    d = res.metrics
+    d = dict(res.metrics)
+    d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
+                   "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
+    d["pools"] = pools
     if outs["--requests-out"] is not None:
         res.requests.to_csv(outs["--requests-out"], index=False)
     if outs["--machines-out"] is not None:
@@ -168,9 +248,11 @@ def main(argv=None) -> int:
         print(json.dumps(d))
     else:
         from splitwise_jax.cli.evaluate import format_table
-        what = f"{sizes[0]} machines" if baseline else f"{sizes[0]} prompt + {sizes[1]} token machines"
-        print(format_table(d, f"{a.design}, {what}, {a.model}, {len(tr)} requests ({tr.name}), "
+        what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
+        chunk = f", chunked prefill {design.chunked_prefill_tokens:g} tokens" if design.kind == "chunked" else ""
+        print(format_table(d, f"{design.name} ({what}{chunk}), {llm.name}, {len(tr)} requests ({tr.name}), "
                               f"{a.phase_model} phases, simulated"))
+        print("\n".join(_design_args.pool_lines(pools)))
         print(f"simulated in {res.wall_s:.2f} s (event loop) + {res.setup_s + res.report_s:.2f} s (timing set-up, "
               "metrics)")
     return 0
