@@ -21,6 +21,8 @@ from splitwise_jax.cluster.cluster import Resolution as Resolution
 from splitwise_jax.cluster.cluster import Scheduling as Scheduling
 from splitwise_jax.cluster.cluster import Transfer as Transfer
 from splitwise_jax.cluster.cluster import evaluate as evaluate
+from splitwise_jax.cluster.metrics import Status as Status
+from splitwise_jax.cluster.strategies import STRATEGIES as STRATEGIES
 from splitwise_jax.cluster.chunked import ChunkedScheduling as ChunkedScheduling
 from splitwise_jax.cluster.designs import DESIGNS as DESIGNS
 from splitwise_jax.cluster.designs import PRESETS as PRESETS

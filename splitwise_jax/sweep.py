@@ -40,6 +40,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from splitwise_jax._batching import pad_rows
+
 AXIS = "sweep"
 
 
@@ -141,7 +143,7 @@ def sweep(fn: Callable, rows: Any, shared: Sequence = (), *, batch_size: int | N
     block = min(batch_size, per_device)
     per_device = -(-per_device // block) * block
     total = per_device * len(devices)
-    padded = [np.concatenate([a, np.repeat(a[-1:], total - n, axis=0)]) if total > n else a for a in leaves]
+    padded = [pad_rows(a, total) for a in leaves]
 
     mesh, program = _program(fn, devices, block)
     row_sharding = NamedSharding(mesh, PartitionSpec(AXIS))

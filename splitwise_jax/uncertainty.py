@@ -60,13 +60,14 @@ import numpy as np
 
 from splitwise_jax._paths import PACKAGE_DATA
 from splitwise_jax.cluster.cluster import Cluster, ClusterMetrics, evaluate
+from splitwise_jax.cluster.metrics import KEYS
 from splitwise_jax.phases.param_space import _from_raw, _to_raw
 from splitwise_jax.phases.params import FIELD_NAMES, ParamUncertainty, PhaseParams, load_uncertainty
 from splitwise_jax.phases.timing import CalibratedTiming
 
 MODEL_FORM_FILE = PACKAGE_DATA / "model_form_error.json"
 METRICS = ("ttft", "tbt", "e2e")
-PCTS = ("p50", "p90", "p99")
+PCTS = KEYS  # "p50", "p90", "p99"
 #: Outputs of `evaluate` with a log-normal interval, in the order of `log_outputs`.
 #: Latencies and slowdowns are (metric, percentile); the rest are scalars.
 SCALARS = ("throughput_rps", "power_kw", "rho_prompt_pool", "rho_token_pool", "memory_pressure",

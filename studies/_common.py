@@ -50,7 +50,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from splitwise_jax._batching import map_blocks  # noqa: E402
 from splitwise_jax.cluster.cluster import Cluster, Resolution, evaluate  # noqa: E402
+from splitwise_jax.cluster import metrics as _metrics  # noqa: E402
 from splitwise_jax.cluster.designs import DESIGNS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.optimize import (OptimizeResult, Problem, SolverConfig, optimize, reference_budget,  # noqa: E402
                                     search_boundary)
@@ -72,18 +74,16 @@ SMALL_CHUNK = CHUNK if SMOKE else 8
 _SMOKE_BINS = 8
 _FULL_SHAPE = (32, 32)  # coding has 28 x 32 classes, conversation 32 x 32: pad to one grid
 STUDIES_DIR = Path(__file__).resolve().parent
-SPLITWISE = tuple(d for d, s in DESIGNS.items() if s.kind == "splitwise")
-BASELINES = tuple(d for d, s in DESIGNS.items() if s.kind == "baseline")
+SPLITWISE = tuple(d for d, s in DESIGNS.items() if s.strategy.token_pool)
+BASELINES = tuple(d for d, s in DESIGNS.items() if not s.strategy.token_pool)
 ALL_DESIGNS = BASELINES + SPLITWISE
 COLOURS = {"baseline-a100": "tab:gray", "baseline-h100": "black", "splitwise-aa": "tab:blue",
            "splitwise-hh": "tab:red", "splitwise-ha": "tab:green", "splitwise-hhcap": "tab:orange"}
-METRICS = ("ttft", "tbt", "e2e")
-PCTS = ("p50", "p90", "p99")
+METRICS = _metrics.METRICS  # ("ttft", "tbt", "e2e")
+PCTS = _metrics.KEYS  # ("p50", "p90", "p99")
 LATENCY_COLS = tuple(f"{m}_{p}_s" for m in METRICS for p in PCTS)
 SLOWDOWN_COLS = tuple(f"slowdown_{m}_{p}" for m in METRICS for p in PCTS)
-SCALAR_COLS = ("throughput_rps", "cost_per_hour", "power_kw", "provisioned_power_kw", "rho_prompt_pool",
-               "rho_token_pool", "batch_prompt_pool", "batch_token_pool", "memory_pressure", "mixed_prompt_frac",
-               "mixed_decode_frac")
+SCALAR_COLS = _metrics.SCALAR_FIELDS
 IB_GBPS_PER_GPU = 400.0  # the paper's H100 InfiniBand link (Table I)
 KV_LINK_EFF = 0.9  # the phase model's kv_link_eff prior (docs/model.md section 6)
 
@@ -228,12 +228,12 @@ def _pad(wl: Workload, k: int, m: int) -> Workload:
 
 def cluster(design: str, n_prompt: float = 1.0, n_token: float = 1.0, **kw) -> Cluster:
     """`make_cluster` with uniform static names (pool sizes are replaced by sweeps)."""
-    kind = DESIGNS[design].kind
-    return uniform_names(make_cluster(design, n_prompt, n_token if kind == "splitwise" else 0.0, **kw))
+    split = DESIGNS[design].strategy.token_pool
+    return uniform_names(make_cluster(design, n_prompt, n_token if split else 0.0, **kw))
 
 
 def is_baseline(design: str) -> bool:
-    return DESIGNS[design].kind == "baseline"
+    return not DESIGNS[design].strategy.token_pool
 
 
 def kv_bandwidth_of_gbps(gbps_per_gpu, gpus: int = 8, link_eff: float = KV_LINK_EFF):
@@ -294,32 +294,12 @@ def sweep(c: Cluster, wl: Workload, *, n_prompt=None, n_token=None, rate=None, k
             rate if rate is not None else wl.rate_per_s,
             kv_bandwidth if kv_bandwidth is not None else c.transfer.bandwidth_bytes_per_s]
     cols = [np.ravel(np.asarray(x, float)) for x in np.broadcast_arrays(*[np.asarray(x, float) for x in cols])]
-    n = cols[0].size
-    chunk = SMALL_CHUNK if n <= SMALL_CHUNK else CHUNK
-    pad = (-n) % chunk
-    cols_p = [np.concatenate([x, np.repeat(x[-1:], pad)]) for x in cols]
-    parts = []
-    for s in range(0, n + pad, chunk):
-        m = _sweep_chunk(c, wl, *(jnp.asarray(x[s:s + chunk]) for x in cols_p))
-        parts.append(jax.tree.map(np.asarray, m))
-    m = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *parts)
+    chunk = SMALL_CHUNK if cols[0].size <= SMALL_CHUNK else CHUNK
+    m = map_blocks(lambda *xs: _sweep_chunk(c, wl, *(jnp.asarray(x) for x in xs)), cols, chunk)
     return metrics_frame(m, dict(n_prompt=cols[0], n_token=cols[1], rate=cols[2], kv_bandwidth_bytes_per_s=cols[3]))
 
 
-def metrics_frame(m, inputs: dict | None = None) -> pd.DataFrame:
-    """`ClusterMetrics` with a leading point axis as a flat DataFrame."""
-    d = dict(inputs or {})
-    for met in METRICS:
-        for q, pc in enumerate(PCTS):
-            d[f"{met}_{pc}_s"] = np.asarray(getattr(m, f"{met}_s"))[..., q]
-            d[f"slowdown_{met}_{pc}"] = np.asarray(getattr(m, f"slowdown_{met}"))[..., q]
-    margin = np.asarray(m.slo_margin)
-    d["min_margin"] = margin.reshape(margin.shape[:-2] + (9,)).min(axis=-1)
-    d["meets_slo"] = np.asarray(m.meets_slo).astype(bool)
-    for k in SCALAR_COLS:
-        d[k] = np.asarray(getattr(m, k))
-    d["status"] = np.asarray(m.status).astype(int)
-    return pd.DataFrame(d)
+metrics_frame = _metrics.metrics_frame  # `ClusterMetrics` with a leading point axis as a flat DataFrame
 
 
 #: Share of the offered rate a cluster must serve to count as keeping up (`capacity`).
@@ -436,15 +416,7 @@ def margin_jacobian(c: Cluster, wl: Workload, n_prompt, n_token, rate,
     bw0 = c.transfer.bandwidth_bytes_per_s if kv_bandwidth is None else kv_bandwidth
     cols = np.broadcast_arrays(*(np.asarray(x, float) for x in (n_prompt, n_token, rate, bw0)))
     cols = [x.ravel() for x in cols]
-    n = cols[0].size
-    pad = (-n) % CHUNK
-    cols = [np.concatenate([x, np.repeat(x[-1:], pad)]) for x in cols]
-    vals, jacs = [], []
-    for s in range(0, n + pad, CHUNK):
-        v, j = _jacobian_chunk(c, wl, *(jnp.asarray(x[s:s + CHUNK]) for x in cols))
-        vals.append(np.asarray(v))
-        jacs.append(np.asarray(j))
-    return np.concatenate(vals)[:n], np.concatenate(jacs)[:n]
+    return map_blocks(lambda *xs: _jacobian_chunk(c, wl, *(jnp.asarray(x) for x in xs)), cols, CHUNK)
 
 
 def implicit_sensitivities(jac: np.ndarray) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ import pandas as pd
 jax.config.update("jax_enable_x64", True)
 
 from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
 from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.simulate import simulate  # noqa: E402
 from splitwise_jax.simulate.trace import RequestTrace  # noqa: E402
@@ -37,7 +38,7 @@ N_REQUESTS = 4_000
 MEAN_BATCH = 10.0
 CLUSTERS = (("baseline-h100", 32.0, 0.0), ("baseline-h100", 16.0, 0.0),
             ("splitwise-hh", 28.0, 6.0), ("splitwise-hh", 14.0, 4.0))
-PCTS = ("p50", "p90", "p99")
+PCTS = KEYS  # ("p50", "p90", "p99")
 
 
 def traces(seed: int = 0):

@@ -43,6 +43,7 @@ import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import azure_trace_csv  # noqa: E402
 from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
 from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.simulate import simulate  # noqa: E402
 from splitwise_jax.simulate.trace import RequestTrace  # noqa: E402
@@ -50,7 +51,7 @@ from splitwise_jax.cluster.workload import Workload, load_trace  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 METRICS = ("ttft", "tbt", "e2e")
-PCTS = ("p50", "p90", "p99")
+PCTS = KEYS  # ("p50", "p90", "p99")
 PHASE_MODEL = "splitwise-sim-table"
 
 

@@ -50,11 +50,12 @@ import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import validation_dir  # noqa: E402
 from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
 from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.cluster.workload import Workload, load_trace, workload  # noqa: E402
 
 METRICS = ("ttft", "tbt", "e2e")
-PCTS = ("p50", "p90", "p99")
+PCTS = KEYS  # ("p50", "p90", "p99")
 ERR_COLS = tuple(f"{m}_{p}" for p in PCTS for m in METRICS)
 MODES = ("splitwise-sim-table", "calibrated")
 HORIZON_S = 120.0  # the reference traces are 120 s of Poisson arrivals
@@ -122,7 +123,7 @@ def smoke_subset(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def is_baseline(design: str) -> bool:
-    return DESIGNS[design].kind == "baseline"
+    return not DESIGNS[design].strategy.token_pool
 
 
 def cluster_of_run(row, phase_model: str):

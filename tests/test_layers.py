@@ -35,6 +35,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 FOLDER_LAYER = {"specs": "specs", "phases": "phases", "cluster": "cluster", "io": "io", "cli": "edge",
                 "calibrate": "models", "optimize": "models", "simulate": "simulate"}
 TOP_LAYER = {"_smooth": "core", "_validate": "core", "_paths": "core", "_exported": "core", "_tables": "core",
+             "_roots": "core", "_batching": "core",
              "uncertainty": "analysis", "sweep": "analysis", "evaluate": "edge", "predict": "edge"}
 #: Packages whose __init__ is a public face (re-exports across the package, and `main`).
 FACES = {"splitwise_jax", "splitwise_jax.calibrate", "splitwise_jax.optimize", "splitwise_jax.simulate"}

@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--benchmarks" or a.startswith("--benchmarks=") for a in argv):
         from splitwise_jax.cli.serving import calibrate_main  # serving benchmarks, not iteration profiles
         return calibrate_main(argv)
-    _cli.float64()  # before any array is built (the precision policy of every CLI)
-    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
+    _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
     from splitwise_jax.phases.profiles import load_profiles
 
     ap = build_parser()

@@ -49,6 +49,13 @@ def float64() -> None:
     jax.config.update("jax_enable_x64", True)
 
 
+def preamble() -> None:
+    """The first line of every command line's `main`: float64 (`float64`) and XLA:CPU's
+    loop emitters (`fast_compile`), before any array is built or JAX starts its backend."""
+    float64()
+    fast_compile()
+
+
 _LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 

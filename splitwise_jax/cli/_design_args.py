@@ -221,7 +221,7 @@ def design_from_args(args, *, preset_sizes=None, chunked_prefill: float | None =
             design = design.with_counts(*preset_sizes)
     budget = chunked_prefill
     if budget is not None:
-        if design.kind == "splitwise":
+        if design.strategy.token_pool:
             raise ValueError(f"--chunked-prefill applies to a colocated design, not {design.name!r} (Splitwise runs "
                              "whole prompts on its prompt pool)")
         design = design.replace(chunked_prefill_tokens=float(budget),

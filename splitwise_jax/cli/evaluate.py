@@ -28,46 +28,16 @@ import numpy as np
 
 from splitwise_jax.cli import _cli, _design_args
 from splitwise_jax._exported import cached_jit
-from splitwise_jax.cluster.cluster import ClusterMetrics, evaluate
+from splitwise_jax.cluster.cluster import evaluate
+from splitwise_jax.cluster.metrics import STATUS_WORDS, metrics_to_dict, status_words  # noqa: F401  (re-exported)
 from splitwise_jax.cluster.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES, build_cluster
 
-STATUS_BITS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
-               8: "mixed-pool-active"}
-_PCT = ("p50", "p90", "p99")
+#: status bit -> word (`metrics.Status`), the name this module has exported.
+STATUS_BITS = STATUS_WORDS
 # The command line's evaluate: exported to the cache folder on a first run, so a warm run
 # loads its program instead of tracing the model again (~4 s; `_exported`). The
 # parameter-uncertainty sigma points reuse it.
 _EVALUATE = cached_jit(evaluate, static_argnames=("resolution",))
-
-
-def status_words(code) -> list[str]:
-    code = int(code)
-    return [w for bit, w in STATUS_BITS.items() if code & bit] or ["ok"]
-
-
-def metrics_to_dict(m: ClusterMetrics) -> dict:
-    """The CLI's JSON object from evaluate's metrics (plain floats)."""
-    def trip(a):
-        return {k: float(v) for k, v in zip(_PCT, np.asarray(a))}
-
-    margins = np.asarray(m.slo_margin)
-    return {
-        "ttft_s": trip(m.ttft_s), "tbt_s": trip(m.tbt_s), "e2e_s": trip(m.e2e_s),
-        "slowdown": {"ttft": trip(m.slowdown_ttft), "tbt": trip(m.slowdown_tbt), "e2e": trip(m.slowdown_e2e)},
-        "slo_margin_log": {name: trip(margins[i]) for i, name in enumerate(("ttft", "tbt", "e2e"))},
-        "meets_slo": bool(m.meets_slo),
-        "throughput_rps": float(m.throughput_rps),
-        "cost_per_hour": float(m.cost_per_hour),
-        "power_kw": float(m.power_kw),
-        "provisioned_power_kw": float(m.provisioned_power_kw),
-        "utilisation": {"prompt_pool_rho": float(m.rho_prompt_pool), "token_pool_prompt_rho": float(m.rho_token_pool),
-                        "prompt_pool_mean_batch": float(m.batch_prompt_pool),
-                        "token_pool_mean_batch": float(m.batch_token_pool),
-                        "kv_memory_pressure": float(m.memory_pressure)},
-        "mixed_pool": {"prompts_drafted_frac": float(m.mixed_prompt_frac),
-                       "decodes_moved_frac": float(m.mixed_decode_frac)},
-        "status": " ".join(status_words(m.status)),
-    }
 
 
 def format_table(d: dict, title: str) -> str:
@@ -125,10 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _preset_sizes(ap, a) -> tuple[float, float]:
     """Pool sizes of a named design from --machines / --prompt-machines / --token-machines."""
     name = a.design or "splitwise-hh"
-    if PRESETS[name].kind != "splitwise":
+    strategy = PRESETS[name].strategy
+    if not strategy.token_pool:
         if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
-            what = "a baseline" if PRESETS[name].kind == "baseline" else "colocated (chunked prefill)"
-            ap.error(f"--design {name} is {what}: give --machines N (and not --prompt/--token-machines)")
+            ap.error(f"--design {name} is {strategy.label}: give --machines N (and not --prompt/--token-machines)")
         return a.machines, 0.0
     if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
         ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
@@ -137,8 +107,7 @@ def _preset_sizes(ap, a) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
-    _cli.float64()  # before any array is built (the precision policy of every CLI)
-    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
+    _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
     ap = build_parser()
     a = ap.parse_args(argv)
     preset = _design_args.is_preset(a)
@@ -179,8 +148,7 @@ def main(argv=None) -> int:
         print(json.dumps(d))
     else:
         what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
-        chunk = f", chunked prefill {design.chunked_prefill_tokens:g} tokens" if design.kind == "chunked" else ""
-        print(format_table(d, f"{design.name} ({what}{chunk}), {llm.name}, {a.workload} at "
+        print(format_table(d, f"{design.name} ({what}{design.strategy.describe(design)}), {llm.name}, {a.workload} at "
                               f"{float(wl.rate_per_s):g} req/s, {a.phase_model} phases"))
         print("\n".join(_design_args.pool_lines(pools)))
         if runs is not None:

@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--benchmarks" or a.startswith("--benchmarks=") for a in argv):
         from splitwise_jax.cli.serving import predict_main  # a benchmark table, not profile queries
         return predict_main(argv)
-    _cli.float64()  # before any array is built (the precision policy of every CLI)
-    _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
+    _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
     ap = build_parser()
     args = ap.parse_args(argv)
     with _cli.input_errors(ap):

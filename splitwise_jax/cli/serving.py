@@ -88,8 +88,7 @@ def calibrate_parser() -> argparse.ArgumentParser:
 
 def calibrate_main(argv: list[str]) -> int:
     """`python -m splitwise_jax.calibrate --benchmarks ...`; bad input exits 2."""
-    _cli.float64()
-    _cli.fast_compile()
+    _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
     from splitwise_jax.phases.params import STACKS, load_params, read_params_file, write_params_file
     from splitwise_jax.io.benchmarks import GPU_IDS, read_benchmarks
     from splitwise_jax.calibrate.benchmarks import (ENGINE_FIELDS, PHASE_FIELDS, START_PHASE, error_summary,
@@ -161,8 +160,7 @@ def predict_parser() -> argparse.ArgumentParser:
 
 def predict_main(argv: list[str]) -> int:
     """`python -m splitwise_jax.predict --benchmarks ...`; bad input exits 2."""
-    _cli.float64()
-    _cli.fast_compile()
+    _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
     from splitwise_jax.phases.params import params_for_gpu, read_params_file, resolve_params, stack_name
     from splitwise_jax.io.benchmarks import read_benchmarks
     from splitwise_jax.cluster.engine import EngineParams

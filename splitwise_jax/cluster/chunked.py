@@ -31,7 +31,7 @@ pending tokens, holds fewer decodes than the mean: `pool.jsq_share`).
 
 Decode interference: a decode iteration carries a chunk with probability q, which adds
 X. The count over o - 1 iterations is binomial (o - 1, q); the cluster model mixes over
-Poisson counts (`cluster._components`), so the chunks are given to it as Poisson events
+Poisson counts (`components.components`), so the chunks are given to it as Poisson events
 with the binomial's mean and variance where every machine has prompts queued (rate
 q / (1 - q) per iteration, each adding (1 - q) X: near saturation, q -> 1, every
 iteration carries a chunk and a plain Poisson count would overstate the TBT spread),
@@ -66,13 +66,14 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
 from splitwise_jax.specs.batch import Batch
+from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
 from splitwise_jax.cluster.pool import PoolState, jsq_share, newton_log_root
 from splitwise_jax.cluster.queueing import prob_wait, wait_model
@@ -304,14 +305,35 @@ def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     return ChunkedState(mean, exposed, sheltered, share)
 
 
-def chunked_flows(cluster, cls: Classes, lam, ca2, horizon_s, res) -> Flows:
-    """`cluster.evaluate`'s flows for kind "chunked": one colocated pool (like the
-    baselines), every machine running chunked prefill at `scheduling.token_budget`."""
-    del res  # no drafting: nothing here needs the wait-CDF resolution
+class Chunked(Colocated):
+    """Chunked prefill on a colocated pool (`flows` below; `scheduling.token_budget`)."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "chunked"
+    label: ClassVar[str] = "colocated (chunked prefill)"
+
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+        del res  # no drafting: nothing here needs the wait-CDF resolution
+        return chunked_flows(cluster, cls, rate, ca2, horizon_s)
+
+    def check(self, cluster) -> None:
+        if not hasattr(cluster.scheduling, "token_budget"):
+            raise ValueError("a cluster of kind 'chunked' needs ChunkedScheduling (its token_budget), got "
+                             f"{type(cluster.scheduling).__name__}; build it with designs.make_cluster or "
+                             "designs.build_cluster")
+
+    def scheduling(self, sched, design):
+        base = {f.name: getattr(sched, f.name) for f in dataclasses.fields(Scheduling)}
+        return ChunkedScheduling(**base, token_budget=float(design.chunked_prefill_tokens))
+
+    def describe(self, design) -> str:
+        return f", chunked prefill {design.chunked_prefill_tokens:g} tokens"
+
+
+def chunked_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
+    """The chunked design's flows: one colocated pool (like the baselines), every
+    machine running chunked prefill at `scheduling.token_budget` (`Chunked.check`)."""
     sched = cluster.scheduling
-    if not hasattr(sched, "token_budget"):
-        raise ValueError("a cluster of kind 'chunked' needs ChunkedScheduling (its token_budget), got "
-                         f"{type(sched).__name__}; build it with designs.make_cluster or designs.build_cluster")
     P = cluster.prompt
     n_p = jnp.asarray(cluster.n_prompt, float)
     cap_tok = _kv_capacity_tokens(P, cluster)

@@ -8,6 +8,9 @@ A design is a set of pools plus the KV link and the scheduler (`Design`). Each p
   token budget (kind "chunked", `chunked.py`);
 * a "prompt" and a "token" pool: Splitwise (kind "splitwise").
 
+The pools' roles pick the design's strategy (`Design.strategy`,
+`strategies.strategy_of_pools`), which the built `Cluster` carries.
+
 The paper's six designs (`DESIGNS`) and two chunked-prefill designs are presets
 (`PRESETS`); a TOML design file (`design_file.load_design`) or CLI pool flags give any
 other, with any catalogue or spec-file machine:
@@ -45,8 +48,10 @@ from splitwise_jax.specs import catalog
 from splitwise_jax.phases import kv_transfer, memory
 from splitwise_jax.phases._caps import cap_floor_frac
 from splitwise_jax._validate import check_choice, check_int, check_positive, check_range
-from splitwise_jax.cluster.chunked import DEFAULT_TOKEN_BUDGET, ChunkedScheduling
+from splitwise_jax.cluster.chunked import DEFAULT_TOKEN_BUDGET
 from splitwise_jax.cluster.cluster import Cluster, Scheduling, Transfer
+from splitwise_jax.cluster.strategies import strategy_of_pools
+from splitwise_jax.cluster.strategy import DesignStrategy
 from splitwise_jax.specs.hardware import Machine
 from splitwise_jax.specs.llm import LLM
 from splitwise_jax.phases.provenance import Provenance, params_for, provenance
@@ -146,11 +151,15 @@ class Design:
         return next((p for p in self.pools if p.role == role), None)
 
     @property
+    def strategy(self) -> DesignStrategy:
+        """The cluster model's design (`strategy.DesignStrategy`), from the pools' roles
+        and the token budget."""
+        return strategy_of_pools(tuple(p.role for p in self.pools), self.chunked_prefill_tokens is not None)
+
+    @property
     def kind(self) -> str:
-        """"baseline", "chunked" or "splitwise": the cluster model's layout."""
-        if self.pool("colocated") is None:
-            return "splitwise"
-        return "baseline" if self.chunked_prefill_tokens is None else "chunked"
+        """"baseline", "chunked" or "splitwise": the strategy's name."""
+        return self.strategy.kind
 
     @property
     def first_pool(self) -> Pool:
@@ -323,13 +332,10 @@ def build_cluster(design: Design, *, model: str | LLM = "bloom-176b", phase_mode
         bw = design.kv_bandwidth_bytes_per_s
     transfer = Transfer(bandwidth_bytes_per_s=float(bw), setup_s=float(setup), mode=design.transfer_mode,
                         ignore_gqa=bool(sim_compat))
-    sched = design.scheduling
-    if design.kind == "chunked":
-        base = {f.name: getattr(sched, f.name) for f in dataclasses.fields(Scheduling)}
-        sched = ChunkedScheduling(**base, token_budget=float(design.chunked_prefill_tokens))
+    strategy = design.strategy
     return Cluster(prompt=prompt, token=token, alone=alone, n_prompt=float(first.count),
                    n_token=float(tok.count) if tok is not None else 0.0, transfer=transfer,
-                   scheduling=sched, kind=design.kind, name=design.name)
+                   scheduling=strategy.scheduling(design.scheduling, design), strategy=strategy, name=design.name)
 
 
 def make_cluster(design: str | Design, n_prompt: float, n_token: float = 0.0, *, model: str | LLM = "bloom-176b",
@@ -361,7 +367,7 @@ def make_cluster(design: str | Design, n_prompt: float, n_token: float = 0.0, *,
         27.0
     """
     d = get_design(design) if isinstance(design, str) else design
-    splitwise = d.kind == "splitwise"
+    splitwise = d.strategy.token_pool
     check_positive("n_prompt" if splitwise else "machines", n_prompt)
     if splitwise:
         check_positive("n_token", n_token)
@@ -370,7 +376,7 @@ def make_cluster(design: str | Design, n_prompt: float, n_token: float = 0.0, *,
     for p in d.pools:
         cap = token_cap_frac if p.role == "token" else prompt_cap_frac
         pools.append(p.replace(cap_frac=p.cap_frac if cap is None else _cap(cap)))
-    if chunked_prefill_tokens is not None and d.kind != "chunked":
+    if chunked_prefill_tokens is not None and d.chunked_prefill_tokens is None:  # not a chunked design
         raise ValueError(f"chunked_prefill_tokens applies to a chunked-prefill design (chunked-a100, chunked-h100 or "
                          f"a colocated design with a token budget), not {d.name!r}")
     d = d.replace(pools=tuple(pools),
@@ -390,10 +396,8 @@ def _cap(cap) -> float:
 
 
 def cluster_pools(cluster: Cluster) -> tuple[tuple[str, object, float], ...]:
-    """(role, timing, count) of each pool of a built cluster."""
-    if cluster.kind == "splitwise":
-        return (("prompt", cluster.prompt, cluster.n_prompt), ("token", cluster.token, cluster.n_token))
-    return (("colocated", cluster.prompt, cluster.n_prompt),)
+    """(role, timing, count) of each pool of a built cluster (`strategy.pools`)."""
+    return cluster.strategy.pools(cluster)
 
 
 def pool_provenance(cluster: Cluster, params_path=None) -> tuple[tuple[str, Provenance], ...]:
@@ -412,7 +416,7 @@ def uniform_names(tree, label: str = "_"):
 
     Names are static pytree metadata used only in messages (checked on concrete inputs
     before tracing), but each distinct name is a distinct treedef and hence a fresh
-    compile; with uniform names every design of one kind (HH, AA, HA, HHcap) runs
+    compile; with uniform names every design of one strategy (HH, AA, HA, HHcap) runs
     through one compiled program.
     """
     if not dataclasses.is_dataclass(tree) or isinstance(tree, type):

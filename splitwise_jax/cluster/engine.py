@@ -43,11 +43,12 @@ All functions are pure JAX: jit, vmap over rows of one (model, GPU, TP) group, g
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from splitwise_jax._roots import newton_implicit
 from splitwise_jax._smooth import softplus
 from splitwise_jax.specs.batch import Batch
 from splitwise_jax.specs.hardware import Machine
@@ -55,13 +56,14 @@ from splitwise_jax.specs.llm import LLM
 from splitwise_jax.phases.memory import kv_bytes_per_token_stored
 from splitwise_jax.phases.params import PhaseParams
 from splitwise_jax.phases.phases import iteration_time_s
+from splitwise_jax.cluster.metrics import LEVELS
+from splitwise_jax.cluster.strategy import DesignStrategy
 
 GIB = 2.0**30
 #: vLLM's KV block (tokens); prefix-cache hits come in whole blocks.
 KV_BLOCK_TOKENS = 16.0
-#: Standard normal quantiles of the reported levels (P50, P90, P99).
+#: Standard normal quantiles of the reported levels (P50, P90, P99; `metrics.LEVELS`).
 Z_LEVELS = (0.0, 1.2815515655446004, 2.3263478740408408)
-LEVELS = (0.5, 0.9, 0.99)
 # Newton steps for the running batch (`_solve_batch`): from the lower bound the residual
 # is below 1e-10 after 5 steps over the benchmark rows (tests/test_serving.py checks it
 # against a bisection)
@@ -260,13 +262,9 @@ def _solve_batch(params, engine, machine, llm, st: Stage):
     tau1 = _step_times(*args_sg[:3], llm, args_sg[3], jnp.ones_like(demand))[0]
     x0 = jnp.minimum(jnp.log(jax.lax.stop_gradient(demand) * tau1), x_hi)
 
-    def newton(_, x):
-        r, dr = jax.jvp(lambda v: resid(args_sg, v), (x,), (jnp.ones_like(x),))
-        return jnp.minimum(x - r / jnp.maximum(dr, 1e-3), x_hi)
-
-    x = jax.lax.stop_gradient(jax.lax.fori_loop(0, _NEWTON_STEPS, newton, x0))
-    _, slope = jax.jvp(lambda v: resid(args_sg, v), (x,), (jnp.ones_like(x),))
-    return jnp.exp(jnp.minimum(x - resid(args, x) / jnp.maximum(slope, 1e-3), x_hi))
+    x = newton_implicit(lambda v: resid(args, v), lambda v: resid(args_sg, v), x0, _NEWTON_STEPS,
+                        slope_floor=1e-3, x_max=x_hi)
+    return jnp.exp(x)
 
 
 def stage_metrics(params: PhaseParams, engine: EngineParams, machine: Machine, llm: LLM,
@@ -366,3 +364,28 @@ def stage_metrics(params: PhaseParams, engine: EngineParams, machine: Machine, l
         prefix_hit=hit,
         backlog_out=wgt * backlog_out,
     )
+
+
+class ServingEngine(DesignStrategy):
+    """The serving engine as a design of the registry (`strategies.STRATEGIES`): one
+    colocated server per load stage, running chunked prefill as vLLM's scheduler does.
+
+    It has no `Cluster` flows: a benchmark stage is one engine instance at a fixed or
+    Poisson rate, evaluated by `stage_metrics` (the calibration and `predict
+    --benchmarks` call it; docs/serving.md), not by `cluster.evaluate`; the chunked-prefill
+    cluster design (`chunked.Chunked`) is the fleet-level model of the same scheduler."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "engine"
+    label: ClassVar[str] = "a serving engine (one server per load stage)"
+
+    #: The engine's own model function: (params, engine, machine, llm, stage) -> StageMetrics.
+    stage_metrics = staticmethod(stage_metrics)
+
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+        raise NotImplementedError("the serving engine is evaluated per load stage by cluster.engine.stage_metrics "
+                                  "(docs/serving.md), not as a Cluster; for a fleet use the chunked-prefill design")
+
+    def check(self, cluster) -> None:
+        raise ValueError("a Cluster cannot carry the serving engine's strategy: it is evaluated per load stage by "
+                         "cluster.engine.stage_metrics (docs/serving.md); use kind 'chunked' for a fleet")

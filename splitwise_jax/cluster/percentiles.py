@@ -36,8 +36,7 @@ import jax.numpy as jnp
 
 from splitwise_jax.cluster.quantiles import _logit_of, bracket, implicit_root, rebracket, refine
 from splitwise_jax.cluster.queueing import WaitModel, wait_cdf_busy
-
-PERCENTILES = (0.5, 0.9, 0.99)
+from splitwise_jax.cluster.metrics import LEVELS as PERCENTILES
 # Logistic scale matching a normal of s.d. 1 at the median: cheaper than erf, as smooth.
 _LOGISTIC = 1.702
 

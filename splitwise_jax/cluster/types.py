@@ -1,8 +1,9 @@
-"""The cluster's data types, shared by the steady-state model (`cluster`) and its
-chunked-prefill scheduling (`chunked`): the design (`Cluster`, `Transfer`, `Scheduling`),
-its outputs (`ClusterMetrics`) and the routing state the two build (`Classes`,
-`PromptRoute`, `DecodeRoute`, `Flows`). Split out of `cluster` so that `chunked` needs
-no import of it (the two imported each other).
+"""The cluster model's data types below the designs: the KV link and the scheduler
+(`Transfer`, `Scheduling`; parts of a `cluster.Cluster`), and what every design's flow
+model builds and the shared stages read: the request classes (`Classes`), the routes
+(`PromptRoute`, `DecodeRoute`) and the flows (`Flows`). `ClusterMetrics` lives in
+`metrics` (re-exported here). The flow modules (`flows_baseline`, `flows_splitwise`,
+`chunked`) import these, and `cluster` imports them, so none imports `cluster`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import NamedTuple
 
 import jax
 
+from splitwise_jax.cluster.metrics import ClusterMetrics as ClusterMetrics
 from splitwise_jax.cluster.pool import PoolState
 from splitwise_jax.cluster.queueing import WaitModel
 from splitwise_jax.phases import memory
@@ -63,67 +65,6 @@ class Scheduling:
     service_jitter_rel: jax.Array | float = 0.03
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """A cluster design with its pool sizes (continuous) and phase timings.
-
-    Attributes:
-        prompt: timing of the prompt-pool machines (all machines, for a baseline).
-        token: timing of the token-pool machines (unused by a baseline).
-        alone: timing of the slowdown reference (one DGX-A100 at full power).
-        n_prompt: prompt machines (a baseline's machine count).
-        n_token: token machines (0 for a baseline).
-        transfer: KV-cache transfer.
-        scheduling: scheduler knobs.
-        kind: "baseline" or "splitwise" (static).
-        name: design name (static).
-    """
-
-    prompt: PhaseTiming
-    token: PhaseTiming
-    alone: PhaseTiming
-    n_prompt: jax.Array | float
-    n_token: jax.Array | float
-    transfer: Transfer
-    scheduling: Scheduling = Scheduling()
-    kind: str = field(default="splitwise", metadata=_STATIC)
-    name: str = field(default="custom", metadata=_STATIC)
-
-    def replace(self, **changes) -> "Cluster":
-        return dataclasses.replace(self, **changes)
-
-
-class ClusterMetrics(NamedTuple):
-    """Outputs of `evaluate` (arrays; leading axes follow any vmap).
-
-    Percentile triples are (P50, P90, P99). `status` bits: 1 prompt pool overloaded,
-    2 token pool overloaded, 4 KV memory full, 8 mixed pool active (>5% of prompts or
-    decodes moved across pools).
-    """
-
-    ttft_s: jax.Array
-    tbt_s: jax.Array
-    e2e_s: jax.Array
-    slowdown_ttft: jax.Array
-    slowdown_tbt: jax.Array
-    slowdown_e2e: jax.Array
-    slo_margin: jax.Array          # (3, 3) log(limit / slowdown): > 0 meets
-    meets_slo: jax.Array
-    throughput_rps: jax.Array
-    cost_per_hour: jax.Array
-    power_kw: jax.Array
-    provisioned_power_kw: jax.Array
-    rho_prompt_pool: jax.Array
-    rho_token_pool: jax.Array      # prompt load drafted onto token machines
-    batch_prompt_pool: jax.Array
-    batch_token_pool: jax.Array
-    memory_pressure: jax.Array     # KV memory asked for / memory there (token pool; baseline: all)
-    mixed_prompt_frac: jax.Array   # prompts drafted onto token machines
-    mixed_decode_frac: jax.Array   # decodes moved to prompt machines
-    status: jax.Array
-
-
 class Classes(NamedTuple):
     """Request classes of a workload: K prompt sizes x M output sizes."""
 
@@ -160,7 +101,7 @@ class DecodeRoute(NamedTuple):
     burst_iters_var: jax.Array | float = 0.0
     # Decode steps that sit through prompt interference at this route's rate: all of
     # them in a steady state; in a trace's queued regime only those before the pool's
-    # backlog drains (`_windowed_components`).
+    # backlog drains (`window.window_components`).
     interfered_steps: jax.Array | float = 1e9
     # The decode's first step waits out the prompt iteration its machine is running when
     # it arrives (the moved decodes, on mixed machines that run drafted prompts): that
@@ -183,6 +124,8 @@ class Flows(NamedTuple):
     loads: tuple              # saturation measures (1 = full) that cap throughput
 
 
-def _kv_capacity_tokens(timing: PhaseTiming, cluster: "Cluster"):
+def _kv_capacity_tokens(timing: PhaseTiming, cluster):
+    """KV-cache tokens one machine of this timing holds in this cluster (its scheduler's
+    memory reserve, its transfer's GQA convention)."""
     return memory.kv_capacity_tokens(timing.llm, timing.machine, reserve_frac=cluster.scheduling.memory_reserve_frac,
                                      ignore_gqa=cluster.transfer.ignore_gqa)

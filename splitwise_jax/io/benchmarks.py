@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from splitwise_jax.cluster.metrics import KEYS
+
 REQUIRED = ("model", "tensor_parallel", "max_num_batched_tokens", "max_num_seqs", "output_len_target",
             "rate_per_s", "duration_s")
 OPTIONAL_DEFAULTS = {
@@ -44,7 +46,7 @@ OPTIONAL_DEFAULTS = {
     "gpu_memory_utilization": 0.9, "enable_prefix_caching": True, "gpu": "h100-sxm",
 }
 METRICS = ("ttft", "tpot", "e2e")
-LEVELS = ("p50", "p90", "p99")
+LEVELS = KEYS  # "p50", "p90", "p99"
 MEASURED = tuple(f"{m}_{q}_s" for m in METRICS for q in LEVELS)
 ARRIVALS = ("constant", "poisson")
 

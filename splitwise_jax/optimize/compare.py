@@ -63,7 +63,7 @@ def compare_designs(make: Callable[[str], Cluster], designs, workload: Workload,
             free token caps apply to Splitwise designs only.
     """
     def problem_for(cluster):
-        if cluster.kind != "splitwise" and problem.free_caps in ("token", "both"):
+        if not cluster.strategy.token_pool and problem.free_caps in ("token", "both"):
             return dataclasses.replace(problem, free_caps="prompt" if problem.free_caps == "both" else "none")
         return problem
 

@@ -128,7 +128,7 @@ class _Assessor:
         out = []
         for row in np.asarray(phys, float):
             c = self.cluster
-            cl = c.replace(n_prompt=float(row[0]), n_token=float(row[1]) if c.kind == "splitwise" else 0.0,
+            cl = c.replace(n_prompt=float(row[0]), n_token=float(row[1]) if c.strategy.token_pool else 0.0,
                            prompt=with_cap(c.prompt, float(row[2])), token=with_cap(c.token, float(row[3])))
             sd = param_log_sd(cl, self.workload.with_rate(float(row[4])), self.problem.horizon_s, unc=self.unc,
                               resolution=self.config.resolution)

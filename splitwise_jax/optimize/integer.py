@@ -337,7 +337,7 @@ def full_resolution_step_up(cluster: Cluster, workload: Workload, candidate: Can
     if problem.objective == "throughput":
         return None
     base = candidate.as_row()
-    splitwise = cluster.kind == "splitwise"
+    splitwise = cluster.strategy.token_pool
     rows = [base + np.array([dp, dt, 0.0, 0.0, 0.0]) for dp in range(reach + 1)
             for dt in (range(reach + 1) if splitwise else (0,))]
     rows = np.stack([r for r in rows if r[0] <= problem.max_machines and r[1] <= problem.max_machines])

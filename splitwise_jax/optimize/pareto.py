@@ -296,7 +296,7 @@ def pareto_front(make: Callable[[str], Cluster], designs, workload: Workload, pr
     for d in designs:
         clusters[d] = make(d)
         p = base
-        if clusters[d].kind != "splitwise" and p.free_caps in ("token", "both"):
+        if not clusters[d].strategy.token_pool and p.free_caps in ("token", "both"):
             p = dataclasses.replace(p, free_caps="prompt" if p.free_caps == "both" else "none")
         problems[d] = p
     if throughput:

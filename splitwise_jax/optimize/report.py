@@ -11,6 +11,7 @@ import numpy as np
 
 from splitwise_jax.specs import paper
 from splitwise_jax.cluster.cluster import Cluster, ClusterMetrics
+from splitwise_jax.cluster.metrics import metrics_lists
 from splitwise_jax.optimize.compare import headline_ratios, metric_of
 from splitwise_jax.optimize.integer import evaluate_plane, same_answer
 from splitwise_jax.optimize.problem import (CONSTRAINT_NAMES, SLO_NAMES, Candidate, GridResult, OptimizeResult,
@@ -32,7 +33,7 @@ def _pools_text(c: Candidate, splitwise: bool) -> str:
 def _metrics_dict(m: ClusterMetrics | None) -> dict | None:
     if m is None:
         return None
-    return {k: np.asarray(v).tolist() for k, v in m._asdict().items()}
+    return metrics_lists(m)
 
 
 def _candidate_dict(c: Candidate | None, splitwise: bool) -> dict | None:
@@ -76,7 +77,7 @@ def _result_dict(res: OptimizeResult, splitwise: bool, full: Candidate | None, g
 
 def _print_result(res: OptimizeResult, cluster: Cluster, title: str, full: Candidate | None, grid: GridResult | None,
                   opt_wall_s: float, bins_text: str, fig12: bool, certified: bool | None = None):
-    splitwise = cluster.kind == "splitwise"
+    splitwise = cluster.strategy.token_pool
     print(title)
     b = res.best
     if b is None:
@@ -139,7 +140,7 @@ def _print_compare(results: dict, clusters: dict, problem: Problem, ref: str, ti
            f"{'thr/ref':>8} {'cost/ref':>9} {'power/ref':>10}")
     print(hdr)
     for d, r in results.items():
-        sw = clusters[d].kind == "splitwise"
+        sw = clusters[d].strategy.token_pool
         if not r.feasible:
             why = ", ".join(f"{n} {np.expm1(v):+.0%}" for n, v in r.continuous["violated"].items())
             print(f"  {d:<16} {'infeasible':>15}  (up to {r.bounds[0]} machines per pool; at the continuous optimum: "
@@ -178,7 +179,7 @@ def plot_plane(res: OptimizeResult, cluster: Cluster, workload: Workload, proble
     b = res.best
     if b is None:
         raise ValueError("--plot needs a feasible answer to centre the plane on")
-    splitwise = cluster.kind == "splitwise"
+    splitwise = cluster.strategy.token_pool
     hi_p, hi_t = res.bounds
     p_max = min(hi_p, max(2 * b.prompt_machines, b.prompt_machines + 8))
     t_max = min(hi_t, max(2 * b.token_machines, b.token_machines + 8)) if splitwise else 0

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from splitwise_jax.phases._caps import cap_floor_frac
+from splitwise_jax._batching import padded_blocks
 from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster.cluster import Cluster, ClusterMetrics, Resolution, evaluate
 from splitwise_jax.cluster.designs import uniform_names
@@ -84,7 +85,7 @@ def free_flags(cluster: Cluster, free_caps: str) -> tuple[bool, bool]:
     """(prompt cap free, token cap free) for this cluster, or ValueError."""
     want_p = free_caps in ("prompt", "both")
     want_t = free_caps in ("token", "both")
-    if want_t and cluster.kind != "splitwise":
+    if want_t and not cluster.strategy.token_pool:
         raise ValueError("free_caps 'token' needs a Splitwise design (a colocated design has one pool: use 'prompt')")
     for want, t in ((want_p, cluster.prompt), (want_t, cluster.token)):
         if want and not isinstance(t, CalibratedTiming):
@@ -96,9 +97,9 @@ def free_flags(cluster: Cluster, free_caps: str) -> tuple[bool, bool]:
 def pool_bounds(cluster: Cluster, problem: Problem, free_p: bool, free_t: bool) -> tuple[int, int]:
     """Largest prompt and token pools searched (budgets bound throughput problems)."""
     hi_p = problem.max_machines
-    hi_t = problem.max_machines if cluster.kind == "splitwise" else 0
+    hi_t = problem.max_machines if cluster.strategy.token_pool else 0
     if problem.objective == "throughput":
-        lo_t = 1 if cluster.kind == "splitwise" else 0
+        lo_t = 1 if cluster.strategy.token_pool else 0
         caps = tuple(cap_floor(t) if free else caps_of(t)
                      for t, free in ((cluster.prompt, free_p), (cluster.token, free_t)))
         units = ((problem.cost_budget_per_h, unit_cost(cluster)), (problem.power_budget_kw, unit_power(cluster, caps)))
@@ -106,9 +107,9 @@ def pool_bounds(cluster: Cluster, problem: Problem, free_p: bool, free_t: bool) 
             if budget is None:
                 continue
             hi_p = min(hi_p, int(math.floor((budget - lo_t * ut) / up + 1e-9)))
-            if cluster.kind == "splitwise":
+            if cluster.strategy.token_pool:
                 hi_t = min(hi_t, int(math.floor((budget - up) / ut + 1e-9)))
-        if hi_p < 1 or (cluster.kind == "splitwise" and hi_t < 1):
+        if hi_p < 1 or (cluster.strategy.token_pool and hi_t < 1):
             raise ValueError(f"the budget cannot buy one machine per pool of {cluster.name!r}")
     return hi_p, hi_t
 
@@ -127,7 +128,7 @@ def unit_power(cluster: Cluster, caps):
 def make_spec(cluster: Cluster, workload: Workload, problem: Problem) -> tuple[Spec, SpecInfo]:
     free_p, free_t = free_flags(cluster, problem.free_caps)
     hi_p, hi_t = pool_bounds(cluster, problem, free_p, free_t)
-    splitwise = cluster.kind == "splitwise"
+    splitwise = cluster.strategy.token_pool
     rate = float(np.asarray(workload.rate_per_s)) if problem.rate_per_s is None else float(problem.rate_per_s)
     throughput = problem.objective == "throughput"
     free = np.array([1.0, 1.0 if splitwise else 0.0, float(free_p), float(free_t), float(throughput)])
@@ -167,14 +168,14 @@ def physical(spec: Spec, u):
     f = spec.free
     caps = f[2:4] * u[2:4] + (1.0 - f[2:4]) * spec.cap_fixed
     rate = f[4] * jnp.exp(u[4]) + (1.0 - f[4]) * spec.rate_fixed
-    n_t = jnp.exp(u[1]) if spec.cluster.kind == "splitwise" else jnp.asarray(0.0)
+    n_t = jnp.exp(u[1]) if spec.cluster.strategy.token_pool else jnp.asarray(0.0)
     return jnp.stack([jnp.exp(u[0]), n_t, caps[0], caps[1], rate])
 
 
 def assess(spec: Spec, phys, resolution: Resolution):
     """One configuration: (metrics, constraints g (14,) with g >= 0 feasible, objective)."""
     c = spec.cluster
-    cluster = c.replace(n_prompt=phys[0], n_token=phys[1] if c.kind == "splitwise" else 0.0,
+    cluster = c.replace(n_prompt=phys[0], n_token=phys[1] if c.strategy.token_pool else 0.0,
                         prompt=with_cap(c.prompt, phys[2]), token=with_cap(c.token, phys[3]))
     m = evaluate(cluster, spec.workload.with_rate(phys[4]), horizon_s=spec.horizon_s, slo=spec.slo,
                  resolution=resolution)
@@ -257,10 +258,7 @@ def evaluate_points(spec: Spec, phys: np.ndarray, resolution: Resolution, progre
     power = np.empty(n)
     rows = []
     with progress_bar(progress and n > CHUNK, total=n, desc=desc, unit="cfg") as bar:
-        for start in range(0, n, CHUNK):
-            block = phys[start:start + CHUNK]
-            pad = np.concatenate([block, np.repeat(block[-1:], CHUNK - len(block), axis=0)])
-            k = len(block)
+        for start, k, (pad,) in padded_blocks([phys], CHUNK):
             m, g, _ = assess_batch(pad, spec, resolution, np.int32(k))
             g_all[start:start + k] = np.asarray(g)[:k]
             cost[start:start + k] = np.asarray(m.cost_per_hour)[:k]

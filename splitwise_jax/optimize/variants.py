@@ -31,7 +31,7 @@ def variants(design: Design, budgets: tuple[float, ...] | None = None) -> dict[s
         choices ("prompt=dgx-h200,token=dgx-b200", "colocated=dgx-h100,C=512"), or is
         the design's name when there is nothing to choose.
     """
-    if budgets is not None and design.kind == "splitwise":
+    if budgets is not None and design.strategy.token_pool:
         raise ValueError(f"chunked-prefill budgets apply to a colocated design, not {design.name!r}")
     choices = [p.machines for p in design.pools]
     out = {}

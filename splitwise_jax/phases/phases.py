@@ -85,6 +85,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from splitwise_jax.phases._caps import cap_floor_frac
+from splitwise_jax._roots import newton_implicit
 from splitwise_jax._smooth import safe_div, safe_pow, smooth_max_pos, smooth_min_one
 from splitwise_jax._validate import check_positive, check_range, is_concrete
 from splitwise_jax.specs.batch import Batch
@@ -167,16 +168,10 @@ def _capped_clock(params: PhaseParams, gpu: GPU, compute, memory, comm, fixed, c
     headroom = jnp.maximum(cap_frac * gpu.tdp_w - gpu.idle_w, 1e-3) / (gpu.tdp_w - gpu.idle_w)
     args = (params, compute, memory, comm, fixed, comm_transfer, headroom)
     residual_sg = residual_fn(*jax.lax.stop_gradient(args))
-    def newton(_, x):
-        r, dr = jax.jvp(residual_sg, (x,), (jnp.ones_like(x),))
-        return x - r / dr
-
-    # start: exact if every component stretched as 1/f; a fori_loop (nothing flows
-    # back through it) compiles one Newton step instead of _CLOCK_NEWTON_STEPS copies
+    # start: exact if every component stretched as 1/f; the steps are a fori_loop
+    # (nothing flows back through it): one Newton step compiled, not _CLOCK_NEWTON_STEPS
     x0 = -residual_sg(jnp.zeros_like(compute)) / jax.lax.stop_gradient(params.dvfs_exponent)
-    x = jax.lax.fori_loop(0, _CLOCK_NEWTON_STEPS, newton, x0)
-    _, slope = jax.jvp(residual_sg, (x,), (jnp.ones_like(x),))
-    x = x - residual_fn(*args)(x) / slope
+    x = newton_implicit(residual_fn(*args), residual_sg, x0, _CLOCK_NEWTON_STEPS)
     clock = smooth_min_one(jnp.exp(x), _CLOCK_TEMPERATURE)
     return clock, _time_at_clock(params, compute, memory, comm, fixed, jnp.log(clock))
 

@@ -48,7 +48,7 @@ class SimResult(NamedTuple):
 
 
 def _slo_default():
-    from splitwise_jax.cluster.cluster import PAPER_SLO
+    from splitwise_jax.specs.paper import PAPER_SLO
     return PAPER_SLO
 
 

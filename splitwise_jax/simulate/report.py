@@ -26,20 +26,21 @@ import pandas as pd
 from splitwise_jax.simulate import timing as _timing
 from splitwise_jax.simulate.engine import RawResult
 from splitwise_jax.simulate.trace import RequestTrace
+from splitwise_jax.cluster.metrics import KEYS, LEVELS, MIXED_ACTIVE, Status
+from splitwise_jax.cluster.metrics import STATUS_WORDS as _STATUS_WORDS
 
 __all__ = ["PERCENTILES", "request_table", "metrics_dict", "machine_table", "batch_histogram",
            "percentiles", "STATUS_WORDS"]
 
-PERCENTILES = (0.5, 0.9, 0.99)
-_PCT = ("p50", "p90", "p99")
-#: status bits, as `evaluate` names them
-STATUS_WORDS = {1: "prompt-pool-overloaded", 2: "token-pool-overloaded", 4: "kv-memory-full",
-                8: "mixed-pool-active"}
+PERCENTILES = LEVELS
+_PCT = KEYS
+#: status bits, as `evaluate` names them (`metrics.Status`)
+STATUS_WORDS = _STATUS_WORDS
 # A pool counts as overloaded when its machines spent this fraction of the arrival
 # window running prompts (the fluid model's rho > 1 has no sharper sample-path analogue).
 _OVERLOAD_BUSY = 0.95
 # "mixed pool active" as in evaluate: more than 5 % of prompts or decodes moved.
-_MIXED_ACTIVE = 0.05
+_MIXED_ACTIVE = MIXED_ACTIVE
 # "KV memory full": more than 1 % of requests waited for memory (a transfer retried or
 # a task was held back by memory when its machine was otherwise idle... see docs).
 _MEMORY_FULL = 0.01
@@ -261,15 +262,15 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cl
         moved = float(np.mean([name_pool.get(x) == "prompt" for x in tm[has_decode]])) if has_decode.any() else 0.0
     mem_waits = raw.flow_retries / max(len(requests), 1)
 
-    status = 0
+    status = Status.OK
     if rho_p_win >= _OVERLOAD_BUSY:
-        status |= 1
+        status |= Status.PROMPT_POOL_OVERLOADED
     if rho_t_win >= _OVERLOAD_BUSY:
-        status |= 2
+        status |= Status.TOKEN_POOL_OVERLOADED
     if mem_waits > _MEMORY_FULL or pressure > 0.95:
-        status |= 4
+        status |= Status.KV_MEMORY_FULL
     if drafted > _MIXED_ACTIVE or moved > _MIXED_ACTIVE:
-        status |= 8
+        status |= Status.MIXED_POOL_ACTIVE
     words = [w for bit, w in STATUS_WORDS.items() if status & bit] or ["ok"]
     if len(done) < len(requests):
         words.append(f"incomplete:{len(requests) - len(done)}")

@@ -1,0 +1,65 @@
+"""The paper's baseline design and its flows.
+
+The colocated designs (`strategy.Colocated`: one pool whose machines run both phases,
+requests routed to the machine with the fewest pending tokens) are the baselines and
+chunked prefill (`chunked.Chunked`); they differ only in their iterations.
+
+`Baseline` (Splitwise §V): N machines, each running prompts and decodes with mixed
+continuous batching (a whole prompt first; the decodes wait for it).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax.numpy as jnp
+
+from splitwise_jax.cluster.pool import pool_state
+from splitwise_jax.cluster.queueing import Burstiness, burst_size, wait_model
+from splitwise_jax.cluster.strategy import Colocated
+from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
+
+
+class Baseline(Colocated):
+    """The paper's baselines: whole prompts, mixed continuous batching (prompts first)."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "baseline"
+    label: ClassVar[str] = "a baseline"
+
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+        del res  # no drafting: nothing here needs the wait-CDF resolution
+        return baseline_flows(cluster, cls, rate, ca2, horizon_s)
+
+
+def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
+    """A baseline's flows: one route for prompts, one for decodes, on the one pool."""
+    P = cluster.prompt
+    n_p = jnp.asarray(cluster.n_prompt, float)
+    cap_P = _kv_capacity_tokens(P, cluster) / cls.ctx
+    mbt = cluster.scheduling.max_batch_tokens
+    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt)
+    wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
+    zero = jnp.zeros_like(cls.p)
+    pressure = st.batch_need / cap_P
+    burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
+    decode = DecodeRoute(st, jnp.ones_like(cls.w), zero, 0.0, burst, burst_var)
+    return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (decode,),
+                 st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
+
+
+def own_burst_iters(ca2, mean_prompt_s, n_machines):
+    """Prompt iterations of a request's own burst that a colocated decode sits through.
+
+    With a trace's burstiness (`Burstiness`, read as Poisson batches of geometric size m
+    at the prompt service time, as the wait law reads it), the K requests of the burst
+    behind a request (geometric, mean m - 1) are queued across the c machines by fewest
+    pending tokens, K / c on each, and on its machine they run before its decode steps
+    (prompts first): mean (m - 1) / c, variance m (m - 1) / c^2. A renewal ca^2 (no
+    bursts measured): none.
+    """
+    if not isinstance(ca2, Burstiness):
+        return 0.0, 0.0
+    m = burst_size(ca2.at(mean_prompt_s))
+    c = jnp.maximum(n_machines, 1.0)
+    return (m - 1.0) / c, m * (m - 1.0) / c**2

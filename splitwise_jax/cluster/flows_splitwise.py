@@ -1,0 +1,447 @@
+"""Splitwise's flows: a prompt pool, a token pool and the mixed pool between them.
+
+Prompts go to the prompt pool; a prompt is drafted onto a token machine (the paper's
+mixed pool) when the least-loaded prompt machine's queue would pass
+`draft_pending_tokens`, which happens to large prompts in bursts well below saturation.
+The token machine is chosen at arrival and reserves the request's whole KV cache from
+then on; when the token pool's reservations are full the decode runs on a prompt
+machine (mixed pool again). The KV cache moves from the prompt machine to the token
+machine, serialized or layer-wise.
+
+`splitwise_flows` reads as its steps (docs/cluster.md §4 derives each):
+
+1. `_step1_drafting`: the share of each prompt class drafted onto token machines, a
+   fixed point of the prompt pool's wait law;
+2. `_step2_reservations`: the token pool's KV reservations and the share of each class
+   that overflows onto prompt machines;
+2b. `_step2b_mixed_pool`: how many prompt machines hold moved decodes (the mixed pool),
+   and the drained token pool's cascade;
+3. `_step3_pools`: both pools' steady states with their final flows;
+4. `_step4_prompt_routes`: the prompt pool's own queue, on its free machines, and the
+   share of its prompts that run on mixed machines;
+4b. `_step4b_decode_routes`: what a decode on a token machine and a moved decode on a
+   mixed machine sit through.
+
+References:
+    Patel et al., Splitwise, ISCA 2024 §IV-C (the mixed pool), §V; SplitwiseSim's
+    scheduler (shared/validation/README.md).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import jax.numpy as jnp
+from jax.scipy.stats import norm
+
+from splitwise_jax._roots import fixed_point_01
+from splitwise_jax._smooth import safe_div, smooth_min_one, smooth_min_pos, softplus
+from splitwise_jax.cluster.percentiles import Resolution, busy_wait_moments
+from splitwise_jax.cluster.pool import PoolState, interruptions_per_step, pool_state, pool_states
+from splitwise_jax.cluster.queueing import WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.cluster.strategy import DesignStrategy
+from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
+from splitwise_jax.phases import kv_transfer, memory
+
+# Temperature of the smooth max(1 - rho, 0) and min(share, 1) in the drafting law.
+_DRAFT_TEMPERATURE = 0.02
+# Drafts per token machine over the window at which the token pool has drained into the
+# mixed pool with probability 1 - 1/e (`_step2b_mixed_pool`).
+_DRAIN_DRAFTS = 6.0
+
+
+class Splitwise(DesignStrategy):
+    """Splitwise: a prompt pool and a token pool, with the mixed pool between them."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "splitwise"
+    roles: ClassVar[tuple[str, ...]] = ("prompt", "token")
+    label: ClassVar[str] = "Splitwise"
+
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+        return splitwise_flows(cluster, cls, rate, ca2, horizon_s, res)
+
+    def window_load(self, cluster, cls, rate, flows):
+        # The prompt pool's load were it to take every prompt, and the capacity the token
+        # machines add once drafting starts (each drafts at its own prompt speed), per
+        # prompt machine.
+        st = flows.st_p
+        n_p = jnp.asarray(cluster.n_prompt, float)
+        speed = jnp.dot(cls.wp, st.prompt_s) / jnp.maximum(jnp.dot(cls.wp, flows.st_t.prompt_s), 1e-9)
+        extra = jnp.asarray(cluster.n_token, float) / n_p * speed
+        return rate * st.mean_prompt_s / n_p, 1.0 + extra
+
+    def on_prompt_machines(self, flows, state) -> bool:
+        # Every decode route but the token pool's runs on prompt machines (the mixed ones).
+        return state is not flows.st_t
+
+    def run_whole(self, decode_routes, share):
+        # Decodes on (the token pool, the prompt pool): a share moves to its prompt's machine.
+        tok, own = decode_routes
+        return (tok._replace(weight=tok.weight * (1.0 - share)), own._replace(weight=own.weight + tok.weight * share))
+
+    def pools(self, cluster) -> tuple:
+        return (("prompt", cluster.prompt, cluster.n_prompt), ("token", cluster.token, cluster.n_token))
+
+
+def _transfer_s(cluster, p, prompt_s):
+    tr = cluster.transfer
+    nbytes = p * memory.kv_bytes_per_token(cluster.prompt.llm, tr.ignore_gqa)
+    return kv_transfer.visible_transfer_s(nbytes, tr.bandwidth_bytes_per_s, tr.setup_s, cluster.prompt.llm.n_layers,
+                                          prompt_s, tr.mode)
+
+
+def _queue_share(wm: WaitModel, mean_s):
+    """Given that an arrival finds every machine of a pool busy (P(wait) = C), the
+    chance that the one it is routed to (the least loaded by pending tokens) already
+    holds a queue.
+
+    Pending tokens count a running prompt whole and prompt sizes span 100-7,500 tokens,
+    so which busy machine is least loaded is about independent of which ones hold a
+    queue: the chance is the share of machines with one, E[min(Q, c)] / c ~
+    E[Q | wait] / c = rho E[W | wait] / E[S] (Little's law on the queue; rho / (c (1 -
+    rho)) for M/M/c), E[W | wait] the diffusion's stationary mean var / (2 (1 - rho)),
+    capped at 1 (smoothly; in overload every machine has a queue). Checked on the
+    reference's boundary runs (studies/drafting_check.py, docs/cluster.md §4): the share
+    of >6k-token prompts drafted is within 1.6x of C rho / (c (1 - rho)) from rho 0.75
+    to 0.88 on coding.
+    """
+    # The floor keeps the mean finite (and its gradient) where deep overload makes the
+    # smooth max(1 - rho, 0) underflow; the share is 1 there either way.
+    mean_busy_wait = wm.var / jnp.maximum(2.0 * softplus(-wm.drift, _DRAFT_TEMPERATURE), 1e-9)
+    return smooth_min_one(wm.rho * mean_busy_wait / jnp.maximum(mean_s, 1e-9), _DRAFT_TEMPERATURE)
+
+
+def _drafted_share(wm: WaitModel, st: PoolState, cls: Classes, sched: Scheduling, res: Resolution):
+    """Share of each prompt class the prompt pool would draft onto token machines.
+
+    SplitwiseSim drafts a prompt of p tokens when the least-loaded prompt machine has a
+    queue (P(wait) x `_queue_share`; the earlier "W > E[S]", C exp(-c (1 - rho)) in
+    M/M/c, gave 3-300x too few of the largest prompts below saturation) and
+    p_running + queued + p > draft_pending_tokens: with JSQ by pending work the
+    least-loaded machine holds the work W an arrival waits for, W / tau queued tokens
+    (tau = s per prompt token), so P(W > (D - E[p] - p_k) tau | wait). The two events
+    are positively correlated (a long queue means every machine has one); their joint
+    probability is taken as the smaller (a smooth min).
+    """
+    mean_p = jnp.dot(cls.wp, cls.p)
+    tau = st.mean_prompt_s / jnp.maximum(mean_p, 1.0)
+    w_k = softplus(sched.draft_pending_tokens - mean_p - cls.p, 64.0) * tau
+    beyond = 1.0 - wait_cdf_busy(w_k, wm, res.window_points)
+    return wm.p_wait * smooth_min_pos(_queue_share(wm, st.mean_prompt_s), beyond, 8.0)
+
+
+def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
+    """Share f_km of each request class whose reservation finds the token pool full.
+
+    Reservations in flight form an M/G/infinity shot noise; with least-memory routing the
+    token machines fill evenly, so a request of m tokens overflows when the pool's free
+    memory is below m: f_km = P(R + m_km > capacity), R ~ Normal(mean, var). Large
+    requests overflow first (small ones fit in the gaps), and they hold most of the
+    memory-time, so overflow is per class. The carried mean solves
+    R = lambda sum_km w_km (1 - f_km(R)) m_km s_km; the right side falls as R rises, so
+    the root is unique (solved as a share u = R / demand in [0, 1]).
+
+    Measured alternative, not taken: the occupancy reflected below the capacity
+    (an Ornstein-Uhlenbeck process's reflected law is the truncated normal, which makes
+    the selection of large reservations sharp) matches conversation runs better (HH
+    16+6: 8.5% moved vs 9% in the reference, against 30% here) but moved far fewer
+    decodes on coding runs near saturation, where the reference's overflow comes in
+    cascades (a drafted 7k-token prompt blocks a token machine for 1.3 s and every
+    reservation on it waits); over both reference files it agreed on 115 of 124 SLO
+    verdicts, as this form does, but with 7 false "meets" instead of 4
+    (docs/cluster.md, §4).
+    """
+    demand = lam * jnp.sum(cls.w * m_tok * sojourn)
+    sd = jnp.sqrt(var + 1e-12 * capacity**2)
+
+    def share(u):
+        return norm.cdf((u * demand + m_tok - capacity) / sd)
+
+    u = fixed_point_01(lambda u_: safe_div(lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn), demand))
+    return share(u), u * demand
+
+
+class _Setup(NamedTuple):
+    """What every step reads: the cluster, the classes, the arrival process and the
+    pools' sizes and KV capacities."""
+
+    cluster: object
+    cls: Classes
+    lam: object
+    ca2: object
+    horizon_s: object
+    res: Resolution
+    n_p: object
+    n_t: object
+    cap_tok_P: object       # KV tokens one prompt machine holds
+    cap_tok_T: object       # ... one token machine
+    pool: dict              # `pool_state` arguments every pool shares
+
+
+class _Drafting(NamedTuple):
+    st_p0: PoolState        # the prompt pool as if it took every prompt and no decodes
+    t_alone: object         # (K,) each class's prompt time on a token machine
+    x_tot: object           # share of prompts drafted
+    x_k: object             # (K,) share of each class drafted
+    wm_p0: WaitModel        # the prompt pool's wait law at the undrafted rate
+    w_t: object             # (K,) the token machines' prompt mix
+    w_p: object             # (K,) the prompt pool's prompt mix
+
+
+class _Reservations(NamedTuple):
+    m_tok: object           # (K, M) KV tokens a request reserves
+    sojourn: object         # (K, M) how long it holds them (s)
+    demand: object          # mean tokens reserved
+    var: object             # their variance
+    capacity: object        # the token pool's KV tokens
+    f_km: object            # (K, M) share of each class that overflows
+
+
+class _Pools(NamedTuple):
+    st_t: PoolState
+    st_p: PoolState
+    wm_t: WaitModel         # the token machines' wait law for drafted prompts
+    kv: object              # (K,) visible KV transfer
+    ctx_t: object           # mean decode context on token machines (tokens)
+    ctx_p: object           # ... on prompt machines
+
+
+class _MixedPrompts(NamedTuple):
+    routes: tuple           # the prompt routes (prompt pool, token machines)
+    x_mk: object            # (K,) share of each class drafted by the free machines
+    devolved: object        # share run on the least-loaded machine of all
+    full_m: object          # chance every machine to draft onto is queued
+    events_m: object        # prompt events per step a moved decode sees at full exposure
+    wm_p: WaitModel         # the free prompt machines' wait law
+
+
+def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution) -> Flows:
+    """Splitwise's flows (`types.Flows`): routes, pool states, drafted and moved shares."""
+    s = _setup(cluster, cls, lam, ca2, horizon_s, res)
+    d = _step1_drafting(s)
+    r = _step2_reservations(s, d)
+    n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
+    pools = _step3_pools(s, d, f_km, f)
+    mp = _step4_prompt_routes(s, d, n_mixed, pools)
+    decode_routes = _step4b_decode_routes(s, d, n_mixed, f_km, pools, mp)
+    st_p, st_t = pools.st_p, pools.st_t
+    pressure = (r.demand + jnp.sum(cls.w * r.m_tok)) / r.capacity
+    loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * pools.ctx_t / s.cap_tok_T,
+             st_p.batch_need * pools.ctx_p / s.cap_tok_P)
+    return Flows(mp.routes, decode_routes, st_p, st_t, d.x_k, f, pressure, loads)
+
+
+def _setup(cluster, cls, lam, ca2, horizon_s, res) -> _Setup:
+    P, T = cluster.prompt, cluster.token
+    pool = dict(p_tok=cls.p, p_sq=cls.p_sq, mean_decode_iters=cls.mean_iters, ctx_tokens=cls.ctx,
+                max_batch_tokens=cluster.scheduling.max_batch_tokens)
+    return _Setup(cluster, cls, lam, ca2, horizon_s, res, jnp.asarray(cluster.n_prompt, float),
+                  jnp.asarray(cluster.n_token, float), _kv_capacity_tokens(P, cluster), _kv_capacity_tokens(T, cluster),
+                  pool)
+
+
+def _drafting(s: _Setup, st_p0: PoolState, t_alone, n_pp, n_dd):
+    """With n_pp machines in the prompt pool and n_dd to draft onto: the drafted share
+    (total, per class), the prompt pool's wait law, and the share of requests that find
+    the pool past its threshold and every machine to draft onto queued too (the
+    reference then runs them on the least-loaded machine of all), and that chance.
+
+    Self-consistent: the prompts drafted away shorten the queue that drafts them, so the
+    share X solves X = E[x_k(wait law at rate lambda (1 - X))]. A draft converts a token
+    machine unless every token machine already holds a drafted queue (the same law on
+    the token side), which balances the pools in overload."""
+    cls, lam, ca2, horizon_s = s.cls, s.lam, s.ca2, s.horizon_s
+    has_t = n_dd / (n_dd + 1e-3)
+
+    def drafted(x_tot):
+        wm = wait_model(lam * (1.0 - x_tot), st_p0.mean_prompt_s, st_p0.scv_prompt, n_pp, ca2, horizon_s)
+        want = _drafted_share(wm, st_p0, cls, s.cluster.scheduling, s.res)
+        w_d = safe_div(cls.wp * want, jnp.dot(cls.wp, want)) + 1e-12 * cls.wp
+        e_s = jnp.dot(w_d, t_alone) / jnp.sum(w_d)
+        scv = jnp.maximum(jnp.dot(w_d, t_alone**2) / jnp.sum(w_d) / e_s**2 - 1.0, 0.0)
+        wm_t = wait_model(lam * x_tot, e_s, scv, n_dd, ca2, horizon_s)
+        full = wm_t.p_wait * _queue_share(wm_t, e_s)
+        return want * (1.0 - full) * has_t, (wm, jnp.dot(cls.wp, want) * full, full)
+
+    x = fixed_point_01(lambda u: jnp.dot(cls.wp, drafted(u)[0]))
+    x_cls, (wm, devolved, full) = drafted(x)
+    return x, x_cls, wm, devolved, full
+
+
+def _step1_drafting(s: _Setup) -> _Drafting:
+    """1. Drafting, from the prompt pool as if it took every prompt and no decodes."""
+    P, T, cls, lam = s.cluster.prompt, s.cluster.token, s.cls, s.lam
+    cap_P, cap_T = s.cap_tok_P / cls.ctx, s.cap_tok_T / cls.ctx
+    st_p0, st_t_alone = pool_states(dict(timing=P, n_machines=s.n_p, prompt_rate=lam, prompt_w=cls.wp,
+                                         decode_rate=0.0, batch_cap=cap_P, **s.pool),
+                                    dict(timing=T, n_machines=s.n_t, prompt_rate=lam, prompt_w=cls.wp,
+                                         decode_rate=0.0, batch_cap=cap_T, **s.pool))
+    t_alone = st_t_alone.prompt_s
+    x_tot, x_k, wm_p0, _, _ = _drafting(s, st_p0, t_alone, s.n_p, s.n_t)
+    w_t = (cls.wp * x_k + 1e-12 * cls.wp) / (x_tot + 1e-12)
+    w_p = (cls.wp * (1.0 - x_k) + 1e-12 * cls.wp) / (1.0 - x_tot + 1e-12)
+    return _Drafting(st_p0, t_alone, x_tot, x_k, wm_p0, w_t, w_p)
+
+
+def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
+    """2. Token-pool KV reservations: each request reserves (p + 1 + o) tokens on its
+    token machine from arrival (the machine is chosen with the prompt's) to its last
+    token. Sojourn from the prompt pool's wait and the token pool's step time."""
+    cls, lam = s.cls, s.lam
+    cap_T = s.cap_tok_T / cls.ctx
+    st_t0 = pool_state(s.cluster.token, s.n_t, lam * d.x_tot, d.w_t, decode_rate=lam, batch_cap=1e3 * cap_T,
+                       **s.pool)
+    mean_busy, mean_busy_sq = busy_wait_moments(d.wm_p0, s.res)
+    mean_wait = d.wm_p0.p_wait * mean_busy
+    var_wait = jnp.maximum(d.wm_p0.p_wait * mean_busy_sq - mean_wait**2, 0.0)
+    kv0 = _transfer_s(s.cluster, cls.p, d.st_p0.prompt_s)
+    sojourn = (mean_wait + d.st_p0.prompt_s + kv0)[:, None] + cls.iters[None, :] * st_t0.step_s
+    m_tok = cls.p[:, None] + 1.0 + cls.o[None, :]
+    demand = lam * jnp.sum(cls.w * m_tok * sojourn)
+    # Shot noise, plus the queue wait every request in flight shares (a burst that
+    # lengthens the prompt queue holds every reservation longer at once).
+    var = lam * jnp.sum(cls.w * m_tok**2 * sojourn) + (lam * jnp.sum(cls.w * m_tok))**2 * var_wait
+    capacity = s.n_t * s.cap_tok_T
+    f_km, _ = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
+    f_km = f_km * (s.n_p / (s.n_p + 1e-3))
+    return _Reservations(m_tok, sojourn, demand, var, capacity, f_km)
+
+
+def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
+    """2b. The mixed pool's size (docs/cluster.md §4, "The mixed pool"): (n_mixed, the
+    share of each class whose decode runs on a prompt machine, its mean over classes).
+
+    A prompt machine that takes an overflowing decode leaves the prompt pool until it is
+    idle again. Least-memory routing spreads later overflow over every mixed machine, so
+    few ever empty: their number ratchets up to what the peak overflow needed, the
+    reservations' peak over the horizon, mean plus sd sqrt(2 ln(1 + T / tau)) (tau the
+    memory-weighted sojourn, the shot noise's correlation time), less the token pool's
+    memory. At most 4/5 of the prompt pool, so that some is left to draft from.
+
+    The drained token pool (docs/cluster.md §4, "The cascade"). A token machine that
+    takes a draft leaves the token pool until it is idle, which under load it seldom is;
+    once every token machine has, each new request's decode goes to the mixed machine
+    with the least memory, prompt machines converted earlier included, so decodes spread
+    over the n_mixed + N_t machines by memory whatever the overflow law says. The chance
+    the pool has drained grows with the drafts per token machine over the window,
+    z = lambda X T / N_t, as 1 - exp(-z / 6) (the constant read off the reference's
+    per-request records of five boundary runs)."""
+    cls, lam, n_p, n_t, cap_tok_P = s.cls, s.lam, s.n_p, s.n_t, s.cap_tok_P
+    tau = safe_div(lam * jnp.sum(cls.w * r.m_tok * r.sojourn**2), r.demand)
+    z_peak = jnp.sqrt(2.0 * jnp.log1p(s.horizon_s / jnp.maximum(tau, 1e-3)))
+    peak = r.demand + z_peak * jnp.sqrt(r.var + 1e-12 * r.capacity**2)
+    n_mixed = softplus(peak - r.capacity, 0.05 * cap_tok_P) / cap_tok_P
+    n_mixed = 0.8 * n_p * smooth_min_one(n_mixed / (0.8 * jnp.maximum(n_p, 1e-6)))
+    drained = -jnp.expm1(-lam * d.x_tot * s.horizon_s / jnp.maximum(n_t, 1e-6) / _DRAIN_DRAFTS)
+    f_km = r.f_km + (1.0 - r.f_km) * drained * n_mixed / jnp.maximum(n_mixed + n_t, 1e-6)
+    return n_mixed, f_km, jnp.sum(cls.w * f_km)
+
+
+def _step3_pools(s: _Setup, d: _Drafting, f_km, f) -> _Pools:
+    """3. The pools with their final flows; each pool decodes its own mix of requests
+    (overflow favours long ones), so its decode length and context are its own."""
+    cls, lam = s.cls, s.lam
+
+    def decode_mix(share_km):
+        wd = cls.w * share_km
+        iters = jnp.sum(wd * cls.iters[None, :])
+        ctx = safe_div(jnp.sum(wd * cls.iters[None, :] * (cls.p[:, None] + 0.5 * cls.o[None, :])), iters)
+        tot = jnp.sum(wd)
+        mean_iters = safe_div(iters, tot)
+        # A pool with (nearly) no decodes keeps the workload's means: finite, and unused.
+        keep = tot > 1e-9
+        return (jnp.where(keep, mean_iters, cls.mean_iters), jnp.where(keep, ctx, cls.ctx))
+
+    it_t, ctx_t = decode_mix(1.0 - f_km)
+    it_p, ctx_p = decode_mix(f_km)
+    pool_t = dict(s.pool, mean_decode_iters=it_t, ctx_tokens=ctx_t)
+    pool_p = dict(s.pool, mean_decode_iters=it_p, ctx_tokens=ctx_p)
+    st_t, st_p = pool_states(
+        dict(timing=s.cluster.token, n_machines=s.n_t, prompt_rate=lam * d.x_tot, prompt_w=d.w_t,
+             decode_rate=lam * (1.0 - f), batch_cap=s.cap_tok_T / ctx_t, **pool_t),
+        dict(timing=s.cluster.prompt, n_machines=s.n_p, prompt_rate=lam * (1.0 - d.x_tot), prompt_w=d.w_p,
+             decode_rate=lam * f, batch_cap=s.cap_tok_P / ctx_p, **pool_p))
+    wm_t = wait_model(lam * d.x_tot, st_t.mean_prompt_s, st_t.scv_prompt, s.n_t, s.ca2, s.horizon_s)
+    kv = _transfer_s(s.cluster, cls.p, st_p.prompt_s)
+    return _Pools(st_t, st_p, wm_t, kv, ctx_t, ctx_p)
+
+
+def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _MixedPrompts:
+    """4. The mixed pool's prompts (docs/cluster.md §4, "The mixed pool"). Its machines
+    get prompts only when the prompt pool drafts (its least-loaded machine past the
+    threshold), before any token machine is converted.
+
+    The rest of the prompt pool drafts onto the mixed and token machines; a mixed
+    machine's prompt rate relative to a prompt machine's, d (at least one machine holds
+    the moved decodes; a machine is never more than fully busy), scales the prompt
+    interference the moved decodes sit through. A request that finds every machine to
+    draft onto queued too (`devolved`) runs on the least-loaded machine of all, a mixed
+    one as likely as any (d = 1 for it)."""
+    n_p, n_t, st_p = s.n_p, s.n_t, pools.st_p
+    n_free = n_p - n_mixed
+    x_m, x_mk, _, devolved, full_m = _drafting(s, d.st_p0, d.t_alone, n_free, n_mixed + n_t)
+    rel = (x_m / jnp.maximum(n_mixed, 1.0)) / jnp.maximum((1.0 - x_m) / n_free, 1e-9)
+    rel = rel + devolved * (1.0 - rel)
+    rel = smooth_min_pos(rel, 1.0 / jnp.maximum(smooth_min_one(st_p.rho_prompt), 1e-3), 8.0)
+    events_m = rel * st_p.events_per_step
+    # The prompt pool's own queue runs on its free machines: the prompts neither drafted
+    # from them (X_m) nor devolved to a mixed or token machine.
+    away = x_m + devolved * (n_mixed + n_t) / (n_p + n_t)
+    wm_p = wait_model(s.lam * (1.0 - away), st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
+    # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
+    # waits for a decode iteration nor carries decoders) unless it is one of the mixed
+    # machines' share, d n_mixed / (n_free + d n_mixed).
+    on_mixed = rel * n_mixed / jnp.maximum(n_free + rel * n_mixed, 1e-9)
+    routes = (PromptRoute(d.st_p0, wm_p, 1.0 - d.x_k, other_state=st_p, other_share=on_mixed),
+              PromptRoute(pools.st_t, pools.wm_t, d.x_k))
+    return _MixedPrompts(routes, x_mk, devolved, full_m, events_m, wm_p)
+
+
+def _step4b_decode_routes(s: _Setup, d: _Drafting, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
+    """4b. The decode routes: on token machines, and moved onto mixed machines.
+
+    A moved decode arriving at a mixed machine busy with a drafted prompt waits out the
+    rest of that iteration (PASTA: the chance is the machine's busy share with drafted
+    prompts, spread over mixed and token machines in proportion to their numbers, plus
+    the devolved requests; the wait is the residual E[T^2] / 2E[T], second moment
+    E[T^3] / 3E[T], over the drafted prompts' sizes).
+
+    What a moved decode sits through (docs/cluster.md §4, "Which prompts a moved decode
+    sits through"). A mixed machine runs the drafted prompts (the large ones, at the rate
+    above) and the devolved requests (any size); a moved decode loses that busy share of
+    its time, in events the size of those prompts (too large to ride along: waited out),
+    so large and rare, not the prompt pool's many small ones. Where the pools are full
+    (every prompt machine queued, share full_p; every machine to draft onto queued,
+    full_m; or the whole cluster saturated with prompts, full_all: Erlang C times the
+    queue share at rate lambda on all N_p + N_t machines) the mixed machines run the
+    prompt pool's queue like any of its machines, and their decodes lose what d times a
+    prompt machine's interference takes: the two blend by
+    1 - (1 - full_p)(1 - full_m)(1 - full_all)."""
+    cls, lam, n_p, n_t = s.cls, s.lam, s.n_p, s.n_t
+    st_p, st_t, st_p0 = pools.st_p, pools.st_t, d.st_p0
+    w_dm = cls.wp * mp.x_mk + 1e-12 * cls.wp
+    w_dm = w_dm / jnp.sum(w_dm)
+    e_m, e2_m, e3_m = jnp.dot(w_dm, st_p0.prompt_s), jnp.dot(w_dm, st_p0.prompt_s**2), jnp.dot(w_dm, st_p0.prompt_s**3)
+    to_mixed = n_mixed / jnp.maximum(n_t + n_mixed, 1e-6)
+    busy_m = lam * (d.x_tot * to_mixed + mp.devolved * n_mixed / (n_p + n_t)) * e_m / jnp.maximum(n_mixed, 1.0)
+    r_draft = jnp.maximum(lam * d.x_tot * to_mixed / jnp.maximum(n_mixed, 1.0), 0.0)
+    r_dev = jnp.maximum(lam * mp.devolved / (n_p + n_t), 0.0)
+    w_mix = r_draft * w_dm + r_dev * cls.wp + 1e-12 * cls.wp
+    ex_m = jnp.dot(w_mix, st_p0.prompt_s) / jnp.sum(w_mix)
+    var_m = jnp.maximum(jnp.dot(w_mix, st_p0.prompt_s**2) / jnp.sum(w_mix) - ex_m**2, 0.0)
+    lost_full = mp.events_m * st_p.interf_mean_s
+    frac_full = lost_full / (st_p.decode_s + lost_full)
+    full_p = mp.wm_p.p_wait * _queue_share(mp.wm_p, st_p.mean_prompt_s)
+    e_all = (n_p + n_t) / (n_p / st_p0.mean_prompt_s + n_t / jnp.dot(cls.wp, d.t_alone))
+    wm_all = wait_model(lam, e_all, st_p0.scv_prompt, n_p + n_t, s.ca2, s.horizon_s)
+    full_all = wm_all.p_wait * _queue_share(wm_all, e_all)
+    w_full = 1.0 - (1.0 - full_p) * (1.0 - mp.full_m) * (1.0 - full_all)
+    frac_m = smooth_min_one((r_draft + r_dev) * ex_m)
+    frac_m = frac_m + w_full * (frac_full - frac_m)
+    ev_m = interruptions_per_step(frac_m, st_p.decode_s, ex_m)
+    st_m = st_p._replace(events_per_step=ev_m, step_s=st_p.decode_s + ev_m * ex_m,
+                         interf_mean_s=ex_m, interf_var_s2=var_m)
+    return (DecodeRoute(st_t, 1.0 - f_km, pools.kv, 0.5 * st_t.decode_s),
+            DecodeRoute(st_m, f_km, pools.kv, 0.5 * st_m.decode_s,
+                        first_busy=busy_m, first_wait_s=e2_m / (2.0 * e_m), first_wait_s2=e3_m / (3.0 * e_m)))
