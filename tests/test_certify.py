@@ -102,11 +102,18 @@ def test_throughput_answer_steps_its_rate_down(setting):
     assert cert.minimal is True and cert.descended == 0
 
 
-def test_chunked_designs_are_not_certified_and_say_why():
-    cluster = make_cluster("chunked-h100", 4.0)
-    cert = certify(cluster, workload("coding", RATE), Problem("cost", rate_per_s=RATE), _cand(4, 0), seeds=SEEDS)
-    assert not cert.supported and "chunked" in cert.why
-    assert "not certified" in certificate_text(cert, "cost")
+def test_chunked_designs_are_certified_with_the_simulators_chunked_prefill():
+    cluster = make_cluster("chunked-h100", 1.0)
+    wl = workload("coding", RATE)
+    cert = certify(cluster, wl, Problem("cost", rate_per_s=RATE, horizon_s=HORIZON), _cand(6, 0), seeds=SEEDS)
+    assert cert.supported and cert.certified
+    assert cert.answer[1] == 0 and cert.minimal in (True, None)
+    from splitwise_jax.simulate.certify import sim_config_of
+    config = sim_config_of(cluster)
+    assert config.chunked_prefill_tokens == 512 and config.scheduler == "token_jsq"
+    c = _cand(int(cert.answer[0]), 0)
+    again = simulate(cluster_of(cluster, c).replace(kind="baseline"), poisson(wl, RATE, HORIZON, SEEDS[0]), config, power=False)
+    assert again.metrics["meets_slo"]
 
 
 def test_seeds_must_be_given():
@@ -147,7 +154,7 @@ def test_evaluate_simulate_prints_model_and_seeds_side_by_side(capsys, setting):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["--design", "chunked-h100", "--machines", "4", "--simulate", "2"], "chunked"),
+    (["--colocated-pool", "dgx-h100:4", "--chunked-prefill", "512.5", "--simulate", "2"], "whole tokens"),
     # (a trace with --rate is replayed rescaled to that rate, as the fluid model reads it:
     # tests/test_cli_grammar.py)
 ])

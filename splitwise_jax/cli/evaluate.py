@@ -128,6 +128,9 @@ def main(argv=None) -> int:
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model, params_path=params_path)
         pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
         traces, seeds = _simulation_traces(a, design, wl) if a.simulate else (None, None)
+        if a.simulate:  # what the simulator cannot run (fractional token budgets), before anything compiles
+            from splitwise_jax.simulate.certify import sim_config_of
+            sim_config_of(cluster)
     if not a.no_cache:
         _cli.enable_cache()
     ev = _EVALUATE
@@ -162,9 +165,6 @@ def _simulation_traces(a, design, wl):
     file replayed once; (traces, seeds or None). ValueError on what cannot be simulated."""
     from splitwise_jax.simulate import trace as trace_mod
 
-    if design.kind == "chunked":
-        raise ValueError("--simulate runs SplitwiseSim's policies; a chunked-prefill design runs another scheduler "
-                         "(studies/chunked_prefill.py checks it)")
     path = _design_args.trace_file(a.workload)
     if path is None or a.resample_poisson:  # Poisson arrivals (a preset, or a trace's sizes resampled)
         seeds = list(range(a.simulate))

@@ -27,8 +27,10 @@ phase models) on K Poisson traces of the problem's workload, one per seed, and:
 A cell is judged "fails" at its first failing seed (the remaining seeds cannot change
 that verdict, so they are not run); "passes" needs every seed.
 
-Chunked-prefill and serving-engine designs run a different scheduler than the simulator
-(SplitwiseSim's); they are not certified, and the certificate says so.
+Chunked-prefill designs are simulated with the simulator's chunked prefill at the
+design's token budget on one colocated pool (as `python -m splitwise_jax.simulate` runs
+them); the serving-engine stacks' engine (cluster/engine.py) is not a design `optimize`
+searches.
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ def _unsupported(why: str, best, seeds) -> Certificate:
 class _Judge:
     """Simulates cells on the seeds' traces, caching traces per rate and verdicts per cell."""
 
-    def __init__(self, cluster, workload, seeds, horizon_s, slo, progress):
-        self.cluster, self.workload, self.seeds = cluster, workload, tuple(seeds)
+    def __init__(self, cluster, workload, seeds, horizon_s, slo, progress, config):
+        self.cluster, self.workload, self.seeds, self.config = cluster, workload, tuple(seeds), config
         self.horizon_s, self.slo = horizon_s, slo
         self.traces: dict = {}
         self.rows: list[dict] = []
@@ -154,8 +156,11 @@ class _Judge:
         cand = _Cell(*cell)
         per_seed = []
         for seed in self.seeds:
-            res = simulate(cluster_of(self.cluster, cand), self.trace(cand.rate_per_s, seed), slo=self.slo,
-                           power=False)
+            sim_cluster = cluster_of(self.cluster, cand)
+            if self.config.chunked_prefill_tokens is not None:  # one colocated pool, chunked by the simulator
+                sim_cluster = sim_cluster.replace(kind="baseline")
+            res = simulate(sim_cluster, self.trace(cand.rate_per_s, seed), self.config,
+                           slo=self.slo, power=False)
             if self.bar is not None:
                 self.bar.update()
             m = _margins(res.metrics)
@@ -190,6 +195,29 @@ class _Cell:
     prompt_cap_frac: float
     token_cap_frac: float
     rate_per_s: float
+
+
+def sim_config_of(cluster):
+    """(cluster as the simulator runs it, its `SimConfig`): a chunked-prefill cluster runs
+    as the colocated design with the simulator's chunked prefill at the design's token
+    budget (as `python -m splitwise_jax.simulate` runs a chunked design); the others with
+    the scheduler limits of the design. Whole tokens only (ValueError otherwise)."""
+    from splitwise_jax.simulate.policies import SimConfig
+
+    sched = cluster.scheduling
+    knobs = {}
+    for field, knob in (("max_batch_tokens", "max_batch_tokens"), ("draft_pending_tokens", "prompt_queue_tokens")):
+        v = float(getattr(sched, field))
+        if abs(v - round(v)) > 1e-9:
+            raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole tokens")
+        knobs[knob] = int(round(v))
+    if cluster.kind != "chunked":
+        return SimConfig(**knobs)
+    budget = float(sched.token_budget)
+    if abs(budget - round(budget)) > 1e-9:
+        raise ValueError(f"the chunked-prefill budget is {budget:g} tokens: the simulator splits prompts at whole "
+                         "tokens")
+    return SimConfig(chunked_prefill_tokens=int(round(budget)), scheduler="token_jsq", **knobs)
 
 
 def _spend(cluster, cells: np.ndarray, objective: str) -> np.ndarray:
@@ -230,14 +258,12 @@ def certify(cluster, workload, problem, best, *, seeds=None, horizon_s: float | 
         raise ValueError("seeds must name at least one trace seed")
     if best is None:
         return _unsupported("no answer to certify", None, seeds)
-    if getattr(cluster, "kind", None) == "chunked":
-        return _unsupported("chunked-prefill designs run another scheduler than the simulator's (SplitwiseSim's "
-                            "policies); studies/chunked_prefill.py checks them", best, seeds)
+    config = sim_config_of(cluster)
     horizon_s = float(problem.horizon_s if horizon_s is None else horizon_s)
     splitwise = best.token_machines > 0 if splitwise is None else splitwise
     objective = problem.objective
     t0 = time.perf_counter()
-    judge = _Judge(cluster, workload, seeds, horizon_s, problem.slo, progress)
+    judge = _Judge(cluster, workload, seeds, horizon_s, problem.slo, progress, config)
     searched = best.as_row()
     try:
         answer, per_seed = searched, None

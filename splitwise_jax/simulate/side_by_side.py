@@ -20,14 +20,20 @@ _ROWS = [(f"{met}_s", met.upper(), p) for met in ("ttft", "tbt", "e2e") for p in
 
 
 def simulate_runs(cluster, traces, *, slo=None, progress: bool = False) -> list[dict]:
-    """Simulate one cluster on each trace; the runs' metrics dicts (`simulate`'s)."""
+    """Simulate one cluster on each trace; the runs' metrics dicts (`simulate`'s). A
+    chunked-prefill cluster runs with the simulator's chunked prefill (`certify.sim_config_of`)."""
+    from splitwise_jax.simulate.certify import sim_config_of
+
+    config = sim_config_of(cluster)
+    if config.chunked_prefill_tokens is not None:
+        cluster = cluster.replace(kind="baseline")
     out = []
     it = traces
     if progress and len(traces) > 1:
         from tqdm import tqdm
         it = tqdm(traces, desc="simulate seeds", unit="run", leave=False)
     for tr in it:
-        out.append(simulate(cluster, tr, slo=slo, power=False).metrics)
+        out.append(simulate(cluster, tr, config, slo=slo, power=False).metrics)
     return out
 
 
