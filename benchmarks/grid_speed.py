@@ -15,11 +15,16 @@ configuration against a reference, as the largest and the 99.9th percentile of
   (e.g. the previous commit: ``git worktree add /tmp/prev HEAD~1``), in a subprocess
   with that checkout first on the path: the previous solver, kept out of the package.
 
+Also the natural idiom, `jax.jit(jax.vmap(sj.evaluate))` on one device (goal, issue
+40: within 1.5x of `sweep` on one device), and the model function vmapped as it was
+before `sj.evaluate` had its batching rule (`cluster.evaluate`: slow, select `--cases`).
+
 Goal (GitHub issue 12): 1 s per grid once compiled (stretch 0.1 s), same answers as the
 previous solver within 0.5%.
 
 Usage:
     python benchmarks/grid_speed.py [--n 39] [--repeats 3] [--compare-with /tmp/prev] [--json PATH]
+        [--cases "1 device,vmap"]   # only the cases whose names contain one of these
     SPLITWISE_SMOKE=1 python benchmarks/grid_speed.py     # 6 x 6 counts, one repeat (CI)
 """
 
@@ -44,6 +49,7 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+import splitwise_jax as sj  # noqa: E402
 from splitwise_jax.cluster.cluster import Resolution, evaluate  # noqa: E402
 from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
 from splitwise_jax.sweep import sweep  # noqa: E402
@@ -112,6 +118,30 @@ def run_case(cluster, wl, rows, resolution, devices, batch_size, repeats, x64=Tr
                 q=out["q"].astype(np.float64), status=out["status"])
 
 
+def run_vmap_case(cluster, wl, rows, repeats, model=sj.evaluate):
+    """The natural idiom: `jax.jit(jax.vmap(sj.evaluate))` over the rows on the default
+    device (sj.evaluate's batching rule maps them one at a time on CPU); with
+    `model=cluster.evaluate`, the model function vectorised (sj.evaluate before its rule)."""
+    def fn(row, c, w):
+        m = model(c.replace(n_prompt=row[0], n_token=row[1]), w)
+        return {"q": jnp.stack([getattr(m, k) for k in METRICS]), "status": m.status}
+
+    f = jax.jit(jax.vmap(fn, in_axes=(0, None, None)))
+    r = jnp.asarray(rows, jnp.float64)
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(r, cluster, wl))
+    first = time.perf_counter() - t0
+    times, cpus = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = jax.block_until_ready(f(r, cluster, wl))
+        times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    best = int(np.argmin(times))
+    return dict(compile_s=first - times[best], run_s=times[best], cpu_s=cpus[best],
+                q=np.asarray(out["q"], np.float64), status=np.asarray(out["status"]))
+
+
 def compare(q, ref, status=None) -> dict:
     d = np.abs(q / ref - 1.0)
     out = dict(max=float(np.max(d)), p999=float(np.quantile(d, 0.999)), over_half_pct=int(np.sum(d > 5e-3)),
@@ -147,6 +177,8 @@ def main(argv=None) -> int:
                     help="configurations per lax.map block per device (default: sweep's, 1 on CPU)")
     ap.add_argument("--compare-with", metavar="DIR", help="another checkout (e.g. the previous commit's worktree)")
     ap.add_argument("--json", metavar="PATH", help="also write the figures here")
+    ap.add_argument("--cases", help="comma-separated substrings: run only the cases whose names contain one "
+                                    "(the converged reference always runs)")
     args = ap.parse_args(argv)
     if args.n < 1 or args.repeats < 1:
         ap.error("--n and --repeats must be >= 1")
@@ -161,10 +193,18 @@ def main(argv=None) -> int:
         "float64, 1 device": (Resolution(), devices[:1], True),
         f"float64, float64 search, {len(devices)} devices": (Resolution(search_dtype=None), devices, True),
         f"float32, {len(devices)} devices": (Resolution(), devices, False),
+        "jit(vmap(sj.evaluate)), 1 device": sj.evaluate,
+        "jit(vmap(cluster.evaluate)), 1 device": evaluate,
         "converged (reference)": (CONVERGED, devices, True),
     }
-    results = {name: run_case(cluster, wl, rows, res, devs, args.batch_size, args.repeats, x64)
-               for name, (res, devs, x64) in cases.items()}
+    if args.cases:
+        keep = [c.strip() for c in args.cases.split(",")]
+        cases = {k: v for k, v in cases.items() if "reference" in k or any(c in k for c in keep)}
+    else:  # the vectorised model function (~35 s a grid) only when asked for
+        cases = {k: v for k, v in cases.items() if "cluster.evaluate" not in k}
+    results = {name: (run_vmap_case(cluster, wl, rows, args.repeats, case) if callable(case) else
+                      run_case(cluster, wl, rows, case[0], case[1], args.batch_size, args.repeats, case[2]))
+               for name, case in cases.items()}
     ref = results["converged (reference)"]
     prev = previous(args.compare_with, args.rate, counts) if args.compare_with else None
 

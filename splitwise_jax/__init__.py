@@ -20,7 +20,9 @@ from splitwise_jax.cluster.cluster import ClusterMetrics as ClusterMetrics
 from splitwise_jax.cluster.cluster import Resolution as Resolution
 from splitwise_jax.cluster.cluster import Scheduling as Scheduling
 from splitwise_jax.cluster.cluster import Transfer as Transfer
-from splitwise_jax.cluster.cluster import evaluate as evaluate
+# `evaluate` with a batching rule (cluster/batched.py): `jax.vmap` of it maps one
+# configuration at a time on CPU, as `sweep` does; values and gradients are the model's.
+from splitwise_jax.cluster.batched import evaluate as evaluate
 from splitwise_jax.cluster.metrics import Status as Status
 from splitwise_jax.cluster.strategies import STRATEGIES as STRATEGIES
 from splitwise_jax.cluster.chunked import ChunkedScheduling as ChunkedScheduling

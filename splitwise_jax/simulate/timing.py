@@ -83,6 +83,10 @@ def alone_s(timing, prompt_tokens):
     return _chunked(_alone_eval, timing, p)
 
 
+# Plain `jax.jit`, not `_exported.cached_jit`: tried 2026-12-03, a warm run then skips
+# tracing these small programs but lowering an exported call initialises JAX's LAPACK
+# (imports scipy.linalg, 0.25-1.9 s), which a simulation does not otherwise pay: the
+# set-up was no faster (docs/speed.md §6).
 @jax.jit
 def _alone_eval(timing, p):
     return timing.alone_s(p, p * p)
@@ -294,7 +298,11 @@ class GridTiming(FastTiming):
         P4, K4, B4, M4 = np.meshgrid(gp, gk, gb, gm, indexing="ij")
         S4 = P4 * P4 / K4
         self._x_k, self._x_b, self._x_m = gk.tolist(), gb.tolist(), gm.tolist()
-        self._x_d = ev(P4, K4, S4, B4, B4 * M4) - ev(P4, K4, S4, 0 * P4, 0 * P4)
+        # the prompts alone depend on (P, k) only: evaluated once per pair, not once per
+        # (B, m) as well (115,200 of the set-up's ~276,000 strategy evaluations)
+        P2, K2 = np.meshgrid(gp, gk, indexing="ij")
+        alone = ev(P2, K2, P2 * P2 / K2, 0 * P2, 0 * P2)
+        self._x_d = ev(P4, K4, S4, B4, B4 * M4) - alone[:, :, None, None]
 
     def _eval(self, P, n, S, B, C):
         shape = np.shape(P)
