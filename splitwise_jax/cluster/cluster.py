@@ -231,12 +231,13 @@ def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
     return share(u), u * demand
 
 
-def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
+def _baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) -> Flows:
     P = cluster.prompt
     n_p = jnp.asarray(cluster.n_prompt, float)
     cap_P = _kv_capacity_tokens(P, cluster) / cls.ctx
     mbt = cluster.scheduling.max_batch_tokens
-    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt)
+    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt,
+                    window_s=window_s)  # issue 39: decodes over a window that starts empty (pool.window_share)
     wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P
@@ -263,7 +264,7 @@ def _own_burst_iters(ca2, mean_prompt_s, n_machines):
     return (m - 1.0) / c, m * (m - 1.0) / c**2
 
 
-def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution) -> Flows:
+def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution, window_s=None) -> Flows:
     P, T, sched = cluster.prompt, cluster.token, cluster.scheduling
     n_p = jnp.asarray(cluster.n_prompt, float)
     n_t = jnp.asarray(cluster.n_token, float)
@@ -272,7 +273,7 @@ def _splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution
     cap_tok_T = _kv_capacity_tokens(T, cluster)
     cap_P, cap_T = cap_tok_P / cls.ctx, cap_tok_T / cls.ctx
     pool = dict(p_tok=cls.p, p_sq=cls.p_sq, mean_decode_iters=cls.mean_iters, ctx_tokens=cls.ctx,
-                max_batch_tokens=mbt)
+                max_batch_tokens=mbt, window_s=window_s)  # issue 39: pool.window_share
 
     # 1. Drafting, from the prompt pool as if it took every prompt and no decodes.
     #    Self-consistent: the prompts drafted away shorten the queue that drafts them, so
@@ -836,15 +837,19 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
     ca2 = jnp.asarray(workload.arrival_cv2, float)
     cls = _classes(workload)
 
+    prof = workload.profile
+    # issue 39: the decoding population over the whole run, started empty and drained
+    # (pool.window_share); a trace's windows share one run.
+    window = horizon_s if prof is None else prof.window_s * prof.rate_rel.shape[0]
+
     def flows_at(rate, cv2, horizon):
         if cluster.kind == "baseline":
-            return _baseline_flows(cluster, cls, rate, cv2, horizon)
+            return _baseline_flows(cluster, cls, rate, cv2, horizon, window)
         if cluster.kind == "chunked":
             from splitwise_jax.cluster.chunked import chunked_flows  # only chunked designs need it
             return chunked_flows(cluster, cls, rate, cv2, horizon, resolution)
-        return _splitwise_flows(cluster, cls, rate, cv2, horizon, resolution)
+        return _splitwise_flows(cluster, cls, rate, cv2, horizon, resolution, window)
 
-    prof = workload.profile
     if prof is None:
         flows = flows_at(lam, ca2, horizon_s)
         stacked = _components(cluster, cls, flows, resolution)
