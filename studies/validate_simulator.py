@@ -500,6 +500,8 @@ def run_fluid_vs_sim(args) -> int:
     configs = random_configs(n, args.seed)
     if args.min_load > 0:
         configs = configs[configs["load"] >= args.min_load]
+    if args.arrivals != "all":
+        configs = configs[configs["arrivals"] == args.arrivals]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = args.sim_cache
@@ -562,6 +564,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-requests-above", type=float, default=np.inf,
                     help="fluid-vs-sim: keep per-request records (in the cache) of configurations at this load or above")
     ap.add_argument("--min-load", type=float, default=0.0, help="fluid-vs-sim: only configurations at this load or above")
+    ap.add_argument("--arrivals", choices=("all", "poisson", "replay"), default="all",
+                    help="fluid-vs-sim: only configurations with these arrivals (each replay compiles its own program)")
     a = ap.parse_args(argv)
     if a.jobs < 1:
         ap.error("--jobs must be >= 1")
