@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import validation_dir  # noqa: E402
-from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+from splitwise_jax.cluster.cluster import PAPER_SLO, evaluate  # noqa: E402
 from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
 from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.cluster.workload import Workload, load_trace, workload  # noqa: E402
@@ -158,6 +158,12 @@ def _row_of(res, j, seconds) -> dict:
              rho_token=float(at(res.rho_token_pool)), memory_pressure=float(at(res.memory_pressure)),
              mixed_prompt_frac=float(at(res.mixed_prompt_frac)), mixed_decode_frac=float(at(res.mixed_decode_frac)),
              status=int(at(res.status)), seconds=seconds)
+    # The worst of the nine log margins log(limit / slowdown) (> 0 meets) and where it is:
+    # how close a run is to the other verdict (a false "meets" is one that crosses zero).
+    margins = np.asarray(at(res.slo_margin))
+    worst = int(np.argmin(margins))
+    d.update(worst_margin=float(margins.flat[worst]),
+             worst_metric=f"{METRICS[worst // 3]}_{PCTS[worst % 3]}")
     return d
 
 
@@ -238,8 +244,14 @@ def compare(runs: pd.DataFrame, ours: pd.DataFrame, phase_model: str) -> pd.Data
     df["slo_agree"] = df["ref_meets_slo"] == df["ours_meets_slo"]
     df["verdict"] = np.select([df["slo_agree"], df["ours_meets_slo"]], ["agree", "false meets"], "false fails")
     for c in ("rho_prompt", "rho_token", "memory_pressure", "mixed_prompt_frac", "mixed_decode_frac", "status",
-              "seconds"):
+              "seconds", "worst_margin", "worst_metric"):
         df[c] = ours[c].to_numpy()
+    # The reference's own worst margin, from its slowdown columns.
+    limits = np.asarray(PAPER_SLO, float)
+    ref_m = np.stack([np.log(limits[i, q] / runs[f"{met}_slowdown_{pc}"].to_numpy(float))
+                      for i, met in enumerate(METRICS) for q, pc in enumerate(PCTS)], axis=1)
+    df["ref_worst_margin"] = ref_m.min(axis=1)
+    df["ref_worst_metric"] = [f"{METRICS[j // 3]}_{PCTS[j % 3]}" for j in ref_m.argmin(axis=1)]
     df["rho_bin"] = pd.cut(df["rho_prompt"], RHO_EDGES, right=False,
                            labels=[_bin_label(a, b) for a, b in zip(RHO_EDGES[:-1], RHO_EDGES[1:])]).astype(str)
     return df

@@ -361,88 +361,190 @@ def _fluid(cluster, wl, horizon_s):
     return metrics_to_dict(_FLUID["fn"](uniform_names(cluster), wl, horizon_s))
 
 
-def _fluid_vs_sim_one(args):
-    cfg, horizon_s, seed = args
+def _replay_trace(cfg, rate, horizon_s, rep):
+    """The real Azure arrivals, time-compressed to the rate, over the horizon; repetition
+    `rep` starts `rep` / 3 of the way into the trace (wrapping around its end), so
+    repetitions see different stretches of it (rep 0: from its start, as before)."""
+    from splitwise_jax._paths import azure_trace_csv
+    from splitwise_jax.simulate import trace as trace_mod
+    full = trace_mod.from_csv(azure_trace_csv(cfg["workload"]))
+    t = full.arrival_s - full.arrival_s[0]
+    span = float(t[-1]) + float(np.median(np.diff(t)))
+    n = len(t)
+    start = (rep * n) // 3
+    idx = np.arange(start, start + 2 * n) % n
+    a = (t[idx] + span * (np.arange(start, start + 2 * n) // n) - t[start]) * (full.rate_per_s / rate)
+    keep = a < horizon_s
+    return a[keep], full.prompt_tokens[idx][keep], full.output_tokens[idx][keep]
+
+
+def _config_inputs(cfg, horizon_s, seed, rep):
+    """The cluster, the simulated trace and the fluid model's workload of one
+    configuration and repetition."""
     from splitwise_jax.cluster.designs import make_cluster
-    from splitwise_jax.simulate import simulate, trace as trace_mod
+    from splitwise_jax.simulate import trace as trace_mod
     from splitwise_jax.simulate.trace import RequestTrace
     from splitwise_jax.cluster.workload import Workload, workload as load_workload
     cluster = make_cluster(cfg["design"], cfg["n_prompt"], cfg["n_token"] or 1.0, model=cfg["model"])
     wl = load_workload(cfg["workload"])
     rate = cfg["load"] * capacity_rps(cluster, wl)
     if cfg["arrivals"] == "replay":
-        from splitwise_jax._paths import azure_trace_csv
-        full = trace_mod.from_csv(azure_trace_csv(cfg["workload"]))
-        # the real inter-arrival pattern, time-compressed to the target rate, over the horizon
-        a = (full.arrival_s - full.arrival_s[0]) * (full.rate_per_s / rate)
-        keep = a < horizon_s
-        tr = RequestTrace.from_arrays(a[keep], full.prompt_tokens[keep], full.output_tokens[keep], name="replay")
-        fluid_wl = Workload.from_trace(pd.DataFrame({"arrival_s": a[keep], "prompt_tokens": full.prompt_tokens[keep],
-                                                     "output_tokens": full.output_tokens[keep]}),
+        a, p, o = _replay_trace(cfg, rate, horizon_s, rep)
+        tr = RequestTrace.from_arrays(a, p, o, name="replay")
+        fluid_wl = Workload.from_trace(pd.DataFrame({"arrival_s": a, "prompt_tokens": p, "output_tokens": o}),
                                        rate_per_s=rate, arrival="trace", independent=False)
     else:
-        tr = trace_mod.poisson(wl, rate, horizon_s, seed)
+        tr = trace_mod.poisson(wl, rate, horizon_s, seed + 1000 * rep)
         fluid_wl = wl.with_rate(rate)
+    return cluster, tr, fluid_wl, rate
+
+
+def _simulate_cached(args):
+    """Simulate one (configuration, repetition), or read it from the cache: the
+    simulator does not depend on the fluid model, so a study of a fluid-model change
+    reruns only the fluid model. Keeps the per-request records when asked."""
+    import json
+    cfg, horizon_s, seed, rep, cache, keep = args
+    key = f"c{int(cfg['config']):03d}_r{rep}_s{seed}_h{horizon_s:g}"
+    path = Path(cache) / f"{key}.json" if cache else None
+    if path is not None and path.is_file():
+        return cfg["config"], rep, json.loads(path.read_text())
+    from splitwise_jax.simulate import simulate
+    cluster, tr, _, rate = _config_inputs(cfg, horizon_s, seed, rep)
+    t0 = time.perf_counter()
+    res = simulate(cluster, tr)
+    out = dict(res.metrics, rate=rate, n_requests=len(tr), sim_s=time.perf_counter() - t0)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out))
+        if keep:
+            res.requests.to_csv(path.with_suffix(".requests.csv.gz"), index=False)
+            res.machines.to_csv(path.with_suffix(".machines.csv.gz"), index=False)
+    return cfg["config"], rep, out
+
+
+def _fluid_row(cfg, horizon_s, seed, rep):
+    cluster, _, fluid_wl, rate = _config_inputs(cfg, horizon_s, seed, rep)
     t0 = time.perf_counter()
     fm = _fluid(cluster, fluid_wl, horizon_s)
-    t1 = time.perf_counter()
-    res = simulate(cluster, tr)
-    t2 = time.perf_counter()
-    sm = res.metrics
-    row = dict(cfg, rate=rate, n_requests=len(tr), fluid_s=t1 - t0, sim_s=t2 - t1,
-               fluid_meets=fm["meets_slo"], sim_meets=sm["meets_slo"], sim_status=sm["status"],
-               fluid_status=fm["status"])
+    return fm, rate, time.perf_counter() - t0
+
+
+def _fluid_vs_sim_one(args):
+    """One configuration, one repetition, simulated and predicted (no cache)."""
+    cfg, horizon_s, seed = args
+    _, _, sm = _simulate_cached((cfg, horizon_s, seed, 0, None, False))
+    fm, rate, fluid_s = _fluid_row(cfg, horizon_s, seed, 0)
+    return _compare_row(cfg, rate, [fm], [sm], fluid_s)
+
+
+def _compare_row(cfg, rate, fms, sms, fluid_s):
+    """Fluid against simulated percentiles, each the mean over the repetitions (the
+    fluid model's differ only for replays, whose repetitions are other stretches of the
+    trace). Verdicts: the simulated one is that of the repetitions' mean slowdowns
+    (every request completed in each); `sim_meets_frac` the share of repetitions that
+    meet."""
+    from splitwise_jax.cluster.cluster import PAPER_SLO
+    slo = np.asarray(PAPER_SLO, float)
+    mean = lambda ms, f: float(np.mean([f(m) for m in ms]))  # noqa: E731
+    row = dict(cfg, rate=rate, reps=len(sms), n_requests=mean(sms, lambda m: m.get("n_requests", np.nan)),
+               fluid_s=fluid_s, sim_s=mean(sms, lambda m: m.get("sim_s", np.nan)),
+               fluid_meets=bool(np.mean([m["meets_slo"] for m in fms]) > 0.5),
+               sim_meets_frac=mean(sms, lambda m: float(m["meets_slo"])),
+               sim_status=sms[0]["status"], fluid_status=fms[0]["status"],
+               sim_rho_prompt=mean(sms, lambda m: m["utilisation"]["prompt_pool_rho"]),
+               fluid_rho_prompt=mean(fms, lambda m: m["utilisation"]["prompt_pool_rho"]),
+               sim_kv_pressure=mean(sms, lambda m: m["utilisation"]["kv_memory_pressure"]),
+               fluid_kv_pressure=mean(fms, lambda m: m["utilisation"]["kv_memory_pressure"]),
+               sim_moved=mean(sms, lambda m: m["mixed_pool"]["decodes_moved_frac"]),
+               fluid_moved=mean(fms, lambda m: m["mixed_pool"]["decodes_moved_frac"]),
+               sim_drafted=mean(sms, lambda m: m["mixed_pool"]["prompts_drafted_frac"]),
+               fluid_drafted=mean(fms, lambda m: m["mixed_pool"]["prompts_drafted_frac"]))
+    sim_sd = np.array([[mean(sms, lambda m, a=met, b=pc: m["slowdown"][a][b]) for pc in PCTS] for met in METRICS])
+    complete = all(not str(m["status"]).startswith("incomplete") and "incomplete" not in str(m["status"]) for m in sms)
+    row["sim_meets"] = bool(np.all(sim_sd < slo) and complete)
     for met in METRICS:
         for pc in PCTS:
-            row[f"fluid_{met}_{pc}_s"] = fm[f"{met}_s"][pc]
-            row[f"sim_{met}_{pc}_s"] = sm[f"{met}_s"][pc]
-            row[f"err_{met}_{pc}"] = fm[f"{met}_s"][pc] / sm[f"{met}_s"][pc] - 1.0
+            f = mean(fms, lambda m, a=met, b=pc: m[f"{a}_s"][b])
+            s = mean(sms, lambda m, a=met, b=pc: m[f"{a}_s"][b])
+            row[f"fluid_{met}_{pc}_s"] = f
+            row[f"sim_{met}_{pc}_s"] = s
+            row[f"err_{met}_{pc}"] = f / s - 1.0
+            row[f"sim_cv_{met}_{pc}"] = (float(np.std([m[f"{met}_s"][pc] for m in sms]) / s) if len(sms) > 1
+                                         else np.nan)
     return row
+
+
+LOAD_EDGES = (0.0, 0.5, 0.8, 0.95, 1.05, np.inf)
+
+
+def summary_table(df: pd.DataFrame) -> str:
+    """Median |fluid / simulated - 1| per percentile and the verdicts, by load band."""
+    df = df.copy()
+    df["load_bin"] = pd.cut(df["load"], list(LOAD_EDGES), right=False).astype(str)
+    lines = ["| load | n | " + " | ".join(f"{m.upper()} {p.upper()}" for p in PCTS for m in METRICS)
+             + " | SLO agree | false meets / fails |", "|---|---|" + "---|" * 9 + "---|---|"]
+    groups = [("all", df), ("0.8 and above", df[df["load"] >= 0.8])] + list(df.groupby("load_bin"))
+    for name, g in groups:
+        errs = " | ".join(f"{100 * np.median(np.abs(g[f'err_{c}'])):.1f}%" for c in ERR_COLS)
+        fm = int(np.sum(g["fluid_meets"] & ~g["sim_meets"]))
+        ff = int(np.sum(~g["fluid_meets"] & g["sim_meets"]))
+        lines.append(f"| {name} | {len(g)} | {errs} | {100 * np.mean(g['fluid_meets'] == g['sim_meets']):.1f}% | "
+                     f"{fm} / {ff} |")
+    return "\n".join(lines)
 
 
 def run_fluid_vs_sim(args) -> int:
     n = 3 if SMOKE else args.n_configs
     horizon = 30.0 if SMOKE else 120.0
     configs = random_configs(n, args.seed)
+    if args.min_load > 0:
+        configs = configs[configs["load"] >= args.min_load]
+    if args.arrivals != "all":
+        configs = configs[configs["arrivals"] == args.arrivals]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    cache = args.sim_cache
     from tqdm import tqdm
-    rows = []
-    tasks = [(r.to_dict(), horizon, args.seed + i) for i, r in configs.iterrows()]
+    cfgs = {int(r["config"]): r.to_dict() for _, r in configs.iterrows()}
+    tasks = [(cfgs[c], horizon, args.seed + c, rep, cache, cfgs[c]["load"] >= args.keep_requests_above)
+             for rep in range(args.seeds) for c in cfgs]
     t0 = time.perf_counter()
+    sims = {}
     if args.jobs > 1:
         ctx = mp.get_context("spawn")
         with ctx.Pool(args.jobs, initializer=_worker_init, initargs=(False,)) as pool:
-            for row in tqdm(pool.imap_unordered(_fluid_vs_sim_one, tasks), total=len(tasks), desc="configs"):
-                rows.append(row)
+            for c, rep, sm in tqdm(pool.imap_unordered(_simulate_cached, tasks), total=len(tasks), desc="simulations"):
+                sims[(c, rep)] = sm
     else:
         _worker_init(False)
-        for task in tqdm(tasks, desc="configs"):
-            rows.append(_fluid_vs_sim_one(task))
+        for task in tqdm(tasks, desc="simulations"):
+            c, rep, sm = _simulate_cached(task)
+            sims[(c, rep)] = sm
+    t_sim = time.perf_counter() - t0
+    _worker_init(False)
+    rows = []
+    for c, cfg in tqdm(cfgs.items(), desc="fluid model"):
+        fms, fluid_s = [], 0.0
+        # The fluid model's input differs between repetitions only for replays.
+        for rep in range(args.seeds if cfg["arrivals"] == "replay" else 1):
+            fm, rate, dt = _fluid_row(cfg, horizon, args.seed + c, rep)
+            fms.append(fm)
+            fluid_s += dt
+        rows.append(_compare_row(cfg, rate, fms, [sims[(c, rep)] for rep in range(args.seeds)], fluid_s))
     total = time.perf_counter() - t0
     df = pd.DataFrame(rows).sort_values("config")
     df.to_csv(out / "fluid_vs_sim_runs.csv", index=False)
-    df["load_bin"] = pd.cut(df["load"], [0.0, 0.5, 0.8, 0.95, 1.05, np.inf], right=False).astype(str)
-    lines = ["| load | n | " + " | ".join(f"{m.upper()} {p.upper()}" for p in PCTS for m in METRICS)
-             + " | SLO agree |", "|---|---|" + "---|" * 9 + "---|"]
-    for name, g in [("all", df)] + list(df.groupby("load_bin")):
-        errs = " | ".join(f"{100 * np.median(np.abs(g[f'err_{c}'])):.1f}%" for c in ERR_COLS)
-        lines.append(f"| {name} | {len(g)} | {errs} | {100 * np.mean(g['fluid_meets'] == g['sim_meets']):.0f}% |")
-    # time of a full run: simulations scale with the horizon; the fluid model compiles once
-    # per (design kind, model) and process, then costs ~0.1 s per configuration
-    # (the smoke configurations each compile, so the warm cost is taken as 0.5 s, an upper
-    # bound of `evaluate`'s per-call time after compilation in the cluster model's benchmarks)
-    sim_per = float(df["sim_s"].mean()) * (120.0 / horizon)
-    compiles = 4 * args.jobs  # (baseline, splitwise) x (BLOOM, Llama) per process
-    est = (args.n_configs * (sim_per + 0.5) + compiles * float(df["fluid_s"].max())) / args.jobs
-    md = [f"# Fluid model vs simulator, calibrated timing ({'SMOKE ' if SMOKE else ''}{len(df)} configurations)", "",
+    table = summary_table(df)
+    md = [f"# Fluid model vs simulator, calibrated timing ({'SMOKE ' if SMOKE else ''}{len(df)} configurations, "
+          f"{args.seeds} repetition(s) each)", "",
           "Median |fluid / simulated - 1| per percentile, by offered load (fraction of the prompt pool's "
           "capacity estimate: prompt machines / mean prompt time alone; baselines also decode, so their "
-          "real capacity is lower).", "", "\n".join(lines), "",
-          f"Wall time {total:.0f} s with {args.jobs} process(es), horizon {horizon:g} s: simulation "
-          f"{df['sim_s'].mean():.1f} s per configuration, fluid model {df['fluid_s'].min():.1f}-"
-          f"{df['fluid_s'].max():.1f} s (the first call per design kind and model compiles). A full run of "
-          f"{args.n_configs} configurations at 120 s: about {est / 60:.0f} min with {args.jobs} process(es).", ""]
+          "real capacity is lower). Simulated percentiles are the means over the repetitions (Poisson: other "
+          "seeds; replays: other stretches of the trace, each with its own fluid prediction); the simulated "
+          "verdict is that of the mean slowdowns.", "", table, "",
+          f"Wall time {total:.0f} s ({t_sim:.0f} s simulating, cached in {cache}) with {args.jobs} process(es), "
+          f"horizon {horizon:g} s.", ""]
     (out / "fluid_vs_sim_summary.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
@@ -456,6 +558,14 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     ap.add_argument("--n-configs", type=int, default=200, help="configurations of the fluid-vs-sim mode")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="fluid-vs-sim: repetitions per configuration (Poisson seeds / trace stretches), averaged")
+    ap.add_argument("--sim-cache", default=None, help="fluid-vs-sim: folder caching each simulation (reused)")
+    ap.add_argument("--keep-requests-above", type=float, default=np.inf,
+                    help="fluid-vs-sim: keep per-request records (in the cache) of configurations at this load or above")
+    ap.add_argument("--min-load", type=float, default=0.0, help="fluid-vs-sim: only configurations at this load or above")
+    ap.add_argument("--arrivals", choices=("all", "poisson", "replay"), default="all",
+                    help="fluid-vs-sim: only configurations with these arrivals (each replay compiles its own program)")
     a = ap.parse_args(argv)
     if a.jobs < 1:
         ap.error("--jobs must be >= 1")

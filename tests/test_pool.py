@@ -104,3 +104,72 @@ def test_gradients_of_the_fixed_point_are_finite_and_signed(timing):
     assert np.isfinite(float(g_n)) and np.isfinite(float(g_rate))
     assert float(g_rate) > 0.0
     assert float(g_n) < 0.0
+
+
+# ----------------------------------------------------------------------------- a window that starts empty
+
+
+@jax.jit
+def _solve_window(timing, decode_rate, window_s):
+    return pool_state(timing, n_machines=4.0, prompt_rate=0.0, prompt_w=P_W, p_tok=P_TOK, p_sq=P_TOK**2,
+                      decode_rate=decode_rate, mean_decode_iters=MEAN_ITERS, ctx_tokens=CTX, batch_cap=BIG_CAP,
+                      window_s=window_s)
+
+
+def test_window_share_limits():
+    """g(theta) = 1 - (1 - e^-theta) / theta: 1 - 1/theta for a long window (Little's law),
+    theta / 2 - theta^2 / 6 for a short one. Tolerances: the next term of each series."""
+    from splitwise_jax.cluster.pool import window_share
+    for theta in (50.0, 500.0):
+        assert float(window_share(1.0, theta)) == pytest.approx(1.0 - 1.0 / theta, abs=2 * np.exp(-theta) / theta)
+    for theta in (1e-3, 1e-2):
+        assert float(window_share(1.0, theta)) == pytest.approx(theta / 2 - theta**2 / 6, abs=theta**3 / 20)
+
+
+def test_window_share_is_what_a_population_started_empty_shows():
+    """M/M/infinity from empty over [0, T], then drained: the population a decode step
+    sees, int B^2 dt / int B dt, against lambda R g(T / R). Simulated (20 repetitions of
+    lambda = 5/s, R = 40 s, T = 120 s: ~12,000 requests); tolerance 5 %, several
+    standard errors of the simulated mean (its spread over repetitions is ~1.5 %)."""
+    from splitwise_jax.cluster.pool import window_share
+    rng = np.random.default_rng(0)
+    lam, r_mean, t_end = 5.0, 40.0, 120.0
+    grid = np.linspace(0.0, t_end + 12 * r_mean, 20001)
+    seen = []
+    for _ in range(20):
+        n = rng.poisson(lam * t_end)
+        start = rng.uniform(0.0, t_end, n)
+        stop = start + rng.exponential(r_mean, n)
+        pop = (np.searchsorted(np.sort(start), grid, side="right")
+               - np.searchsorted(np.sort(stop), grid, side="right"))
+        seen.append(np.sum(pop.astype(float) ** 2) / np.sum(pop))
+    want = lam * r_mean * float(window_share(r_mean, t_end))
+    assert np.mean(seen) == pytest.approx(want, rel=0.05)
+
+
+def test_a_window_lowers_the_batch_and_bounds_an_overloaded_one(timing):
+    """With a window, Little's law counts a run that starts empty: B below the stationary
+    root, by little where a decode lasts a fraction of the window (lambda_d 3/s: R ~ 5 s
+    of 120 s, g ~ 0.96) and the window's lambda T / 2 bound past the decode limit (~14
+    requests/s per machine, `test_littles_law_holds_near_the_decode_limit`): at 20/s
+    the stationary B runs to the memory cap, the windowed one stays below 20 x 120 / 2."""
+    light, light_w = _state(timing, 4.0, 0.0, 12.0), _solve_window(timing, jnp.asarray(12.0), jnp.asarray(120.0))
+    assert 0.9 * float(light.batch) < float(light_w.batch) < float(light.batch)
+    over_w = _solve_window(timing, jnp.asarray(80.0), jnp.asarray(120.0))
+    assert 0.0 < float(over_w.batch) < 20.0 * 120.0 / 2.0
+    # Little's law with the window's share holds at the root (1e-9, as the stationary law).
+    from splitwise_jax.cluster.pool import window_share
+    r = MEAN_ITERS * float(over_w.step_s)
+    assert float(over_w.batch) == pytest.approx(20.0 * r * float(window_share(r, 120.0)), rel=1e-9)
+    # A window far longer than any decode is the stationary law.
+    long_w = _solve_window(timing, jnp.asarray(12.0), jnp.asarray(1e12))
+    assert float(long_w.batch) == pytest.approx(float(light.batch), rel=1e-9)
+
+
+def test_windowed_gradients_are_finite(timing):
+    """Finite gradients past the decode limit and with respect to the window; a longer
+    window holds more decodes."""
+    g_rate, g_win = jax.grad(lambda lam, t: _solve_window(timing, lam, t).batch, argnums=(0, 1))(
+        jnp.asarray(80.0), jnp.asarray(120.0))
+    assert np.isfinite(float(g_rate)) and np.isfinite(float(g_win))
+    assert float(g_rate) > 0.0 and float(g_win) > 0.0

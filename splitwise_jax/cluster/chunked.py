@@ -312,8 +312,8 @@ class Chunked(Colocated):
     kind: ClassVar[str] = "chunked"
     label: ClassVar[str] = "colocated (chunked prefill)"
 
-    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
-        del res  # no drafting: nothing here needs the wait-CDF resolution
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
+        del res, window_s  # no drafting: nothing here needs the wait-CDF resolution; stationary decodes
         return chunked_flows(cluster, cls, rate, ca2, horizon_s)
 
     def check(self, cluster) -> None:

@@ -121,19 +121,23 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
     lam = jnp.asarray(workload.rate_per_s, float)
     cls = _classes(workload)
     prof = workload.profile
+    # issue 39: the decoding population over the whole run, started empty and drained
+    # (pool.window_share); a trace's windows share one run.
+    window = horizon_s if prof is None else prof.window_s * prof.rate_rel.shape[0]
     if prof is None:
-        flows = strategy.flows(cluster, cls, lam, jnp.asarray(workload.arrival_cv2, float), horizon_s, resolution)
+        flows = strategy.flows(cluster, cls, lam, jnp.asarray(workload.arrival_cv2, float), horizon_s, resolution,
+                               window)
         mixtures = components(cluster, cls, flows, resolution)
     else:
         # A trace's own arrival curve: the model window by window (each window's rate,
         # burstiness and length), latencies the arrival-weighted mixture over windows.
         # Throughput, power and cost are those of the mean rate.
-        loads = window_loads(strategy, cluster, cls, lam, prof, resolution)
+        loads = window_loads(strategy, cluster, cls, lam, prof, resolution, window)
         regimes = window_regimes(cluster, cls, prof, loads)
         mean_idc = jnp.dot(prof.rate_rel, prof.idc) / jnp.sum(prof.rate_rel)  # as the arrivals see it
         flows = strategy.flows(cluster, cls, lam, Burstiness(mean_idc, prof.idc_scale_s),
-                               prof.window_s * prof.rate_rel.shape[0], resolution)
-        mixtures = window_components(strategy, cluster, cls, lam, prof, regimes, resolution)
+                               prof.window_s * prof.rate_rel.shape[0], resolution, window)
+        mixtures = window_components(strategy, cluster, cls, lam, prof, regimes, resolution, window)
     latency = _latency(mixtures, slo, resolution)
     return _metrics(cluster, cls, flows, lam, latency)
 

@@ -382,7 +382,7 @@ class ServingEngine(DesignStrategy):
     #: The engine's own model function: (params, engine, machine, llm, stage) -> StageMetrics.
     stage_metrics = staticmethod(stage_metrics)
 
-    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
         raise NotImplementedError("the serving engine is evaluated per load stage by cluster.engine.stage_metrics "
                                   "(docs/serving.md), not as a Cluster; for a fleet use the chunked-prefill design")
 

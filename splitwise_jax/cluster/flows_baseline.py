@@ -27,18 +27,19 @@ class Baseline(Colocated):
     kind: ClassVar[str] = "baseline"
     label: ClassVar[str] = "a baseline"
 
-    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
         del res  # no drafting: nothing here needs the wait-CDF resolution
-        return baseline_flows(cluster, cls, rate, ca2, horizon_s)
+        return baseline_flows(cluster, cls, rate, ca2, horizon_s, window_s)
 
 
-def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
+def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) -> Flows:
     """A baseline's flows: one route for prompts, one for decodes, on the one pool."""
     P = cluster.prompt
     n_p = jnp.asarray(cluster.n_prompt, float)
     cap_P = _kv_capacity_tokens(P, cluster) / cls.ctx
     mbt = cluster.scheduling.max_batch_tokens
-    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt)
+    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt,
+                    window_s=window_s)  # issue 39: decodes over a window that starts empty (pool.window_share)
     wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P

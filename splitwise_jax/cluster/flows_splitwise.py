@@ -58,8 +58,8 @@ class Splitwise(DesignStrategy):
     roles: ClassVar[tuple[str, ...]] = ("prompt", "token")
     label: ClassVar[str] = "Splitwise"
 
-    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
-        return splitwise_flows(cluster, cls, rate, ca2, horizon_s, res)
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
+        return splitwise_flows(cluster, cls, rate, ca2, horizon_s, res, window_s)
 
     def window_load(self, cluster, cls, rate, flows):
         # The prompt pool's load were it to take every prompt, and the capacity the token
@@ -216,9 +216,9 @@ class _MixedPrompts(NamedTuple):
     wm_p: WaitModel         # the free prompt machines' wait law
 
 
-def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution) -> Flows:
+def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution, window_s=None) -> Flows:
     """Splitwise's flows (`types.Flows`): routes, pool states, drafted and moved shares."""
-    s = _setup(cluster, cls, lam, ca2, horizon_s, res)
+    s = _setup(cluster, cls, lam, ca2, horizon_s, res, window_s)
     d = _step1_drafting(s)
     r = _step2_reservations(s, d)
     n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
@@ -232,10 +232,11 @@ def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution)
     return Flows(mp.routes, decode_routes, st_p, st_t, d.x_k, f, pressure, loads)
 
 
-def _setup(cluster, cls, lam, ca2, horizon_s, res) -> _Setup:
+def _setup(cluster, cls, lam, ca2, horizon_s, res, window_s=None) -> _Setup:
     P, T = cluster.prompt, cluster.token
     pool = dict(p_tok=cls.p, p_sq=cls.p_sq, mean_decode_iters=cls.mean_iters, ctx_tokens=cls.ctx,
-                max_batch_tokens=cluster.scheduling.max_batch_tokens)
+                max_batch_tokens=cluster.scheduling.max_batch_tokens,
+                window_s=window_s)  # issue 39: pool.window_share
     return _Setup(cluster, cls, lam, ca2, horizon_s, res, jnp.asarray(cluster.n_prompt, float),
                   jnp.asarray(cluster.n_token, float), _kv_capacity_tokens(P, cluster), _kv_capacity_tokens(T, cluster),
                   pool)

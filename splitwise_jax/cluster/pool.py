@@ -158,12 +158,35 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
     return t_p, e_t, busy, t_d, step, events, e_x, var_x, jnp.dot(prompt_w, fits)
 
 
+def window_share(residence_s, window_s):
+    """The decoding population a decode step sees, over a window of arrivals that starts
+    empty, as a share of Little's law's lambda R.
+
+    Requests arrive at rate lambda over [0, T] and stay R on average (exponential
+    residence: output lengths are spread, the conversation trace's coefficient of
+    variation is ~1): the population is lambda R (1 - e^{-t/R}) while they arrive and
+    decays as e^{-(t - T)/R} after, as a simulation that runs a trace and drains it.
+    A decode step at a random moment of the decoding (weight B(t)) sees
+    int B^2 dt / int B dt = lambda R g(T / R),
+
+        g(theta) = 1 - (1 - e^{-theta}) / theta,
+
+    1 for R << T (Little's law), theta / 2 for R >> T (bounded by lambda T / 2: a pool
+    whose decode throughput cannot keep up grows through the window, it does not run to
+    its memory).
+    """
+    theta = window_s / jnp.maximum(residence_s, 1e-9)
+    return 1.0 - (-jnp.expm1(-theta)) / theta
+
+
 def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                  ctx_tokens, batch, max_batch_tokens=2048.0) -> PoolState:
+                  ctx_tokens, batch, max_batch_tokens=2048.0, window_s=None) -> PoolState:
     """A pool's state at a given decode batch B (no fixed-point solve).
 
     `batch_need` is what Little's law asks for at the resulting step time: equal to B at
-    the fixed point, larger when B is held down by memory.
+    the fixed point, larger when B is held down by memory. With `window_s` (the arrival
+    window T, s) it is the population a decode step sees over a window that starts
+    empty and drains (`window_share`); without, the stationary one.
     """
     n = jnp.maximum(n_machines, 1e-6)
     lam_p = prompt_rate / n
@@ -174,12 +197,15 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
     decoding = 1.0 - jnp.exp(-batch)
     residual = (1.0 - busy) * decoding * 0.5 * t_d
-    return PoolState(lam_p * e_t, batch, lam_d * mean_decode_iters * step, t_p, e_t, scv, t_d, step, events, e_x,
+    need = lam_d * mean_decode_iters * step
+    if window_s is not None:
+        need = need * window_share(mean_decode_iters * step, window_s)
+    return PoolState(lam_p * e_t, batch, need, t_p, e_t, scv, t_d, step, events, e_x,
                      var_x, residual, carry)
 
 
 def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-               ctx_tokens, batch_cap, max_batch_tokens=2048.0) -> PoolState:
+               ctx_tokens, batch_cap, max_batch_tokens=2048.0, window_s=None) -> PoolState:
     """Steady state of a pool: solves Little's law for the decode batch B.
 
     Args:
@@ -192,6 +218,9 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
         ctx_tokens: mean KV context of a decoding request (tokens).
         batch_cap: most decoding requests a machine's KV memory holds.
         max_batch_tokens: tokens one iteration may carry (prompts + one per decode).
+        window_s: arrival window T (s) of a run that starts empty and drains: Little's
+            law then counts the population a decode step sees over it
+            (`window_share`); None: the stationary law.
     """
     if isinstance(decode_rate, (int, float)) and decode_rate == 0:
         # No decode traffic: Little's law's root is the floor of its log, B = 1e-12, with
@@ -199,7 +228,7 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
         return pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
                              ctx_tokens, jnp.asarray(_NO_BATCH), max_batch_tokens)
     args = (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens,
-            batch_cap, max_batch_tokens)
+            batch_cap, max_batch_tokens, window_s)
     return _steady_state(args)
 
 
@@ -210,8 +239,8 @@ def pool_states(*calls: dict) -> list[PoolState]:
     holds one copy of the iteration instead of one per pool. Otherwise one call each.
     Same answers either way."""
     names = ("timing", "n_machines", "prompt_rate", "prompt_w", "p_tok", "p_sq", "decode_rate",
-             "mean_decode_iters", "ctx_tokens", "batch_cap", "max_batch_tokens")
-    rows = [tuple(c[n] for n in names) for c in calls]
+             "mean_decode_iters", "ctx_tokens", "batch_cap", "max_batch_tokens", "window_s")
+    rows = [tuple(c.get(n) for n in names) for c in calls]
     flat = [jax.tree_util.tree_flatten(r) for r in rows]
     same = all(f[1] == flat[0][1] and [jnp.shape(x) for x in f[0]] == [jnp.shape(x) for x in flat[0][0]]
                for f in flat)
@@ -220,7 +249,7 @@ def pool_states(*calls: dict) -> list[PoolState]:
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *rows)
     if all(isinstance(c["decode_rate"], (int, float)) and c["decode_rate"] == 0 for c in calls):
         # prompt-only pools (as `pool_state`): the state at B = _NO_BATCH, no loop
-        out = jax.vmap(lambda a: pool_state_at(*a[:9], jnp.asarray(_NO_BATCH), a[10]))(stacked)
+        out = jax.vmap(lambda a: pool_state_at(*a[:9], jnp.asarray(_NO_BATCH), a[10], a[11]))(stacked)
     else:
         out = jax.vmap(_steady_state)(stacked)
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(calls))]
@@ -282,9 +311,9 @@ _NO_BATCH = 1e-12
 def _state_and_residual(args, log_b):
     """The pool's state at B = exp(log_b), and Little's-law residual r = log B - log need."""
     (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens, batch_cap,
-     max_batch_tokens) = args
+     max_batch_tokens, window_s) = args
     st = pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                       ctx_tokens, jnp.exp(log_b), max_batch_tokens)
+                       ctx_tokens, jnp.exp(log_b), max_batch_tokens, window_s)
     return st, log_b - jnp.log(jnp.maximum(smooth_min_pos(st.batch_need, batch_cap, p=_MEMORY_P), _NO_BATCH))
 
 

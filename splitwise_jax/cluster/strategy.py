@@ -69,11 +69,13 @@ class DesignStrategy:
         return "token" in self.roles
 
     # -- the flow model -------------------------------------------------------------
-    def flows(self, cluster, cls, rate, ca2, horizon_s, res):
+    def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
         """The design's flows (`types.Flows`) at arrival rate `rate` (req/s), arrival
         variability `ca2` (a scalar SCV or a `queueing.Burstiness`) over a window of
         `horizon_s` seconds; `cls` the request classes (`types.Classes`), `res` the
-        numerical resolution (`percentiles.Resolution`)."""
+        numerical resolution (`percentiles.Resolution`); `window_s` the length of the
+        whole run, which starts empty (the decoding population's window,
+        `pool.window_share`; None: stationary)."""
         raise NotImplementedError(f"{type(self).__name__} has no cluster flow model")
 
     def check(self, cluster) -> None:

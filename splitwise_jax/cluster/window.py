@@ -80,11 +80,11 @@ def _bursts(prof) -> Burstiness:
     return Burstiness(prof.idc, jnp.broadcast_to(prof.idc_scale_s, prof.idc.shape))
 
 
-def window_loads(strategy, cluster, cls: Classes, lam, prof, res: Resolution) -> WindowLoads:
+def window_loads(strategy, cluster, cls: Classes, lam, prof, res: Resolution, window_s=None) -> WindowLoads:
     """Stage 1: each window's flows, read as the load the backlog fluid needs."""
     def load(rel, b):
         rate = lam * rel
-        flows = strategy.flows(cluster, cls, rate, b, prof.window_s, res)
+        flows = strategy.flows(cluster, cls, rate, b, prof.window_s, res, window_s)
         st = flows.st_p
         # How long a decode on a prompt machine lasts when the pool runs flat out.
         decode_s = cls.mean_iters * flat_out(st).step_s
@@ -136,11 +136,12 @@ def window_regimes(cluster, cls: Classes, prof, loads: WindowLoads) -> Regimes:
         two(flat_f, jnp.ones_like(first)), two(jnp.full_like(first, 1e9), left_q), two(jnp.zeros_like(first), whole))
 
 
-def window_components(strategy, cluster, cls: Classes, lam, prof, regimes: Regimes, res: Resolution) -> Mixtures:
+def window_components(strategy, cluster, cls: Classes, lam, prof, regimes: Regimes, res: Resolution,
+                      window_s=None) -> Mixtures:
     """Stage 3: `components` for every (regime, window), merged into one mixture: each
     one's routes become routes of the whole, weighted by its share of arrivals."""
     def one(rel, b, w, backlog, sc, waits, flat_w, busy_s, whole):
-        flows = strategy.flows(cluster, cls, lam * rel * sc, b, prof.window_s, res)
+        flows = strategy.flows(cluster, cls, lam * rel * sc, b, prof.window_s, res, window_s)
         # The backlog is the fluid's, of the prompt pool and the machines drafted to help
         # it: every prompt route finds it; queued arrivals wait it and nothing more.
         prompts = tuple(r._replace(backlog_s=backlog, wait=r.wait._replace(p_wait=r.wait.p_wait * waits))
