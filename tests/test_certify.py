@@ -108,8 +108,9 @@ def test_chunked_designs_are_certified_with_the_simulators_chunked_prefill():
     cert = certify(cluster, wl, Problem("cost", rate_per_s=RATE, horizon_s=HORIZON), _cand(6, 0), seeds=SEEDS)
     assert cert.supported and cert.certified
     assert cert.answer[1] == 0 and cert.minimal in (True, None)
-    from splitwise_jax.simulate.certify import sim_config_of
-    config = sim_config_of(cluster)
+    from splitwise_jax.simulate.policies import simulated
+    run, config = simulated(cluster)
+    assert run.kind == "baseline"
     assert config.chunked_prefill_tokens == 512 and config.scheduler == "token_jsq"
     c = _cand(int(cert.answer[0]), 0)
     again = simulate(cluster_of(cluster, c).replace(kind="baseline"), poisson(wl, RATE, HORIZON, SEEDS[0]), config, power=False)

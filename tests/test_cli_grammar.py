@@ -16,6 +16,9 @@ import argparse
 import numpy as np
 import pytest
 
+from splitwise_jax.cluster.designs import build_cluster
+from splitwise_jax.simulate.policies import simulated
+
 from splitwise_jax.cli import _design_args
 from splitwise_jax.cli.evaluate import build_parser as evaluate_parser
 from splitwise_jax.optimize.cli import build_parser as optimize_parser
@@ -174,9 +177,10 @@ def test_simulate_runs_chunked_designs_as_its_colocated_design_with_the_budget()
         a = sim_cli.build_parser().parse_args(argv)
         sizes = sim_cli._preset_sizes(None, a) if _design_args.is_preset(a) else None
         design = _design_args.design_from_args(a, preset_sizes=sizes, chunked_prefill=a.chunked_prefill)
-        run, config = sim_cli.sim_design(design)
+        sim_cli.check_simulable(design)
+        run, config = simulated(build_cluster(design))
         assert design.kind == "chunked" and run.kind == "baseline", argv
-        assert config.chunked_prefill_tokens == 512 and run.first_pool.count == 3
+        assert config.chunked_prefill_tokens == 512 and float(run.n_prompt) == 3
 
 
 def test_simulate_replays_a_trace_on_pool_flags_end_to_end(bursty_trace, tmp_path, capsys):

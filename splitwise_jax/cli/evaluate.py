@@ -129,8 +129,8 @@ def main(argv=None) -> int:
         pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
         traces, seeds = _simulation_traces(a, design, wl) if a.simulate else (None, None)
         if a.simulate:  # what the simulator cannot run (fractional token budgets), before anything compiles
-            from splitwise_jax.simulate.certify import sim_config_of
-            sim_config_of(cluster)
+            from splitwise_jax.simulate.policies import simulated
+            simulated(cluster)
     if not a.no_cache:
         _cli.enable_cache()
     ev = _EVALUATE

@@ -165,16 +165,12 @@ def _preset_sizes(ap, a) -> tuple[int, int]:
     return a.prompt_machines, a.token_machines
 
 
-def sim_design(design):
-    """What the simulator runs for a design: (the design with whole counts and no chunk
-    budget, `SimConfig`), or ValueError naming what it cannot run.
-
-    Chunked prefill is a policy of the simulated machines (`SimConfig`), not of the
-    cluster's timing, so a chunked design is simulated as its colocated design with the
-    budget in the config; a design file's scheduler limits become the config's.
+def check_simulable(design):
+    """The design, or ValueError naming what the simulator cannot run in it (a
+    fractional machine count or chunk budget, in the flags' words). What it runs is
+    `policies.simulated` of the built cluster: a chunked design as its colocated pool
+    with the budget in the `SimConfig`, a design file's scheduler limits the config's.
     """
-    from splitwise_jax.simulate import SimConfig
-
     for p in design.pools:
         if abs(p.count - round(p.count)) > 1e-9:
             raise ValueError(f"the {p.role} pool of {design.name!r} has {p.count:g} machines: the simulator runs whole "
@@ -183,15 +179,7 @@ def sim_design(design):
     if chunk is not None and abs(chunk - round(chunk)) > 1e-9:
         raise ValueError(f"--chunked-prefill {chunk:g}: the simulator splits prompts at whole tokens; give a whole "
                          "number of prompt tokens per iteration (or chunked_prefill_tokens in the design file)")
-    sched = design.scheduling
-    knobs = {}
-    for field, knob in (("max_batch_tokens", "max_batch_tokens"), ("draft_pending_tokens", "prompt_queue_tokens")):
-        v = float(getattr(sched, field))
-        if abs(v - round(v)) > 1e-9:
-            raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole tokens")
-        knobs[knob] = int(round(v))
-    config = SimConfig(chunked_prefill_tokens=None if chunk is None else int(round(chunk)), **knobs)
-    return design.replace(chunked_prefill_tokens=None), config
+    return design
 
 
 def main(argv=None) -> int:
@@ -203,6 +191,7 @@ def main(argv=None) -> int:
 
     from splitwise_jax.cluster.designs import build_cluster
     from splitwise_jax.simulate import report, simulate
+    from splitwise_jax.simulate.policies import simulated
 
     preset = _design_args.is_preset(a)
     if preset:
@@ -220,10 +209,11 @@ def main(argv=None) -> int:
         _design_args.check_counts(design)
         if a.transfer is not None:
             design = design.replace(transfer_mode=a.transfer)
-        run_design, config = sim_design(design)
+        check_simulable(design)
         tr = make_trace(a)
         params_path = _design_args.params_path_from_args(a)
-        cluster = build_cluster(run_design, model=llm, phase_model=a.phase_model, params_path=params_path)
+        cluster, config = simulated(build_cluster(design, model=llm, phase_model=a.phase_model,
+                                                  params_path=params_path))
         pools = _design_args.pools_dict(cluster, params_path, phase_model=a.phase_model)
     if not a.no_cache:
         _cli.enable_cache()

@@ -43,6 +43,7 @@ import pandas as pd
 
 from splitwise_jax.simulate.api import simulate
 from splitwise_jax.simulate.candidates import cluster_of
+from splitwise_jax.simulate.policies import simulated
 from splitwise_jax.simulate.trace import poisson
 
 __all__ = ["DEFAULT_SEEDS", "Certificate", "certify", "certificate_text"]
@@ -156,9 +157,7 @@ class _Judge:
         cand = _Cell(*cell)
         per_seed = []
         for seed in self.seeds:
-            sim_cluster = cluster_of(self.cluster, cand)
-            if self.config.chunked_prefill_tokens is not None:  # one colocated pool, chunked by the simulator
-                sim_cluster = sim_cluster.replace(kind="baseline")
+            sim_cluster = simulated(cluster_of(self.cluster, cand))[0]
             res = simulate(sim_cluster, self.trace(cand.rate_per_s, seed), self.config,
                            slo=self.slo, power=False)
             if self.bar is not None:
@@ -195,29 +194,6 @@ class _Cell:
     prompt_cap_frac: float
     token_cap_frac: float
     rate_per_s: float
-
-
-def sim_config_of(cluster):
-    """(cluster as the simulator runs it, its `SimConfig`): a chunked-prefill cluster runs
-    as the colocated design with the simulator's chunked prefill at the design's token
-    budget (as `python -m splitwise_jax.simulate` runs a chunked design); the others with
-    the scheduler limits of the design. Whole tokens only (ValueError otherwise)."""
-    from splitwise_jax.simulate.policies import SimConfig
-
-    sched = cluster.scheduling
-    knobs = {}
-    for field, knob in (("max_batch_tokens", "max_batch_tokens"), ("draft_pending_tokens", "prompt_queue_tokens")):
-        v = float(getattr(sched, field))
-        if abs(v - round(v)) > 1e-9:
-            raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole tokens")
-        knobs[knob] = int(round(v))
-    if cluster.kind != "chunked":
-        return SimConfig(**knobs)
-    budget = float(sched.token_budget)
-    if abs(budget - round(budget)) > 1e-9:
-        raise ValueError(f"the chunked-prefill budget is {budget:g} tokens: the simulator splits prompts at whole "
-                         "tokens")
-    return SimConfig(chunked_prefill_tokens=int(round(budget)), scheduler="token_jsq", **knobs)
 
 
 def _spend(cluster, cells: np.ndarray, objective: str) -> np.ndarray:
@@ -258,7 +234,7 @@ def certify(cluster, workload, problem, best, *, seeds=None, horizon_s: float | 
         raise ValueError("seeds must name at least one trace seed")
     if best is None:
         return _unsupported("no answer to certify", None, seeds)
-    config = sim_config_of(cluster)
+    config = simulated(cluster)[1]
     horizon_s = float(problem.horizon_s if horizon_s is None else horizon_s)
     splitwise = best.token_machines > 0 if splitwise is None else splitwise
     objective = problem.objective

@@ -21,12 +21,10 @@ _ROWS = [(f"{met}_s", met.upper(), p) for met in ("ttft", "tbt", "e2e") for p in
 
 def simulate_runs(cluster, traces, *, slo=None, progress: bool = False) -> list[dict]:
     """Simulate one cluster on each trace; the runs' metrics dicts (`simulate`'s). A
-    chunked-prefill cluster runs with the simulator's chunked prefill (`certify.sim_config_of`)."""
-    from splitwise_jax.simulate.certify import sim_config_of
+    chunked-prefill cluster runs with the simulator's chunked prefill (`policies.simulated`)."""
+    from splitwise_jax.simulate.policies import simulated
 
-    config = sim_config_of(cluster)
-    if config.chunked_prefill_tokens is not None:
-        cluster = cluster.replace(kind="baseline")
+    cluster, config = simulated(cluster)
     out = []
     it = traces
     if progress and len(traces) > 1:
