@@ -251,15 +251,22 @@ def _get(ev, design, p, t, rate):
 
 
 def test_fig12_provisioning_row1(claims_eval):
-    """Row 1: 26P + 5T (31 machines, $1,180/h) is the fewest machines meeting every SLO
-    on coding at 70 req/s (every 30-machine split from 23 + 7 to 28 + 2 fails; measured
-    2026-12-04: 26 + 5 margin +0.11, 26 + 4 -0.0075, the rest below -0.13); the paper's
-    27 + 3 is $1,142/h. Costs to the cent of the table's dollars."""
+    """Row 1: 26P + 5T (31 machines, $1,180/h) is the fewest machines the grid and the
+    optimiser find feasible on coding at 70 req/s: every SLO met and the KV cache within
+    memory (their constraint set, `optimize.problem.CONSTRAINT_NAMES`); every 30-machine
+    split from 23 + 7 to 28 + 2 is infeasible. Measured 2026-12-03 after issue 39's
+    window law: 26 + 5 SLO margin +0.114, KV pressure 0.90; 26 + 4 meets the SLOs by
+    +0.0001 (a knife edge; -0.0075 before the window law) but needs 1.34x the KV memory;
+    the other splits' margins are below -0.08. The paper's 27 + 3 is $1,142/h. Costs to
+    the cent of the table's dollars."""
+    def feasible(m):
+        return m["meets_slo"] and m["memory_pressure"] <= 1.0
+
     (p, t), = _pools(CLAIMS[1]["ours"])[:1]
     ours = _get(claims_eval, "splitwise-hh", p, t, 70.0)
-    assert ours["meets_slo"]
+    assert feasible(ours)
     for q in range(23, 29):
-        assert not _get(claims_eval, "splitwise-hh", q, 30 - q, 70.0)["meets_slo"], (q, 30 - q)
+        assert not feasible(_get(claims_eval, "splitwise-hh", q, 30 - q, 70.0)), (q, 30 - q)
     cost_ours = _numbers(CLAIMS[1]["ours"])[3]  # "26P + 5T (31 machines, $1,180/h; ..."
     assert ours["cost_per_hour"] == pytest.approx(cost_ours, abs=0.5)
     paper_p, paper_t = paper.FIG12["prompt_machines"], paper.FIG12["token_machines"]

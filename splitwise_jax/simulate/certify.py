@@ -9,8 +9,9 @@ phase models) on K Poisson traces of the problem's workload, one per seed, and:
    the smallest headroom across seeds (limit / slowdown - 1, as the optimiser prints it).
 2. **Step up where a seed fails.** A cost or power answer that misses an SLO on any seed
    is replaced by the cheapest configuration that passes every seed, searched cheapest
-   first over the cells within `reach` machines of it per pool that cost at least as
-   much (so equal-cost rebalancings of the two pools come first; caps kept); a
+   first over the cells with up to `reach` more machines per pool (never fewer in a
+   pool: an equal-cost rebalancing can pass four windows where the model calls it far
+   out of KV memory; caps kept); a
    throughput answer's rate steps down (by `rate_step`, then twice that, ... and then
    bisects) to the highest rate, to within `rate_step`, that passes every seed. The
    answer the model chose is kept as `searched` and the output says that it moved.
@@ -214,8 +215,7 @@ def certify(cluster, workload, problem, best, *, seeds=None, horizon_s: float | 
         best: the optimiser's answer (`Candidate`).
         seeds: trace seeds (default range(DEFAULT_SEEDS)).
         horizon_s: arrival window per trace (default the problem's).
-        reach: step-up search: cells within this many machines per pool, no cheaper
-            than the answer.
+        reach: step-up search: cells with up to this many more machines per pool.
         rate_step: throughput problems: the relative resolution of the certified rate
             (and the minimality neighbour's rate step up).
         max_steps: throughput problems: most doubling steps down.
@@ -325,7 +325,9 @@ def _rate_down(judge, cell, rate_step, max_steps):
 
 def _step_up(cluster, cell, objective, reach, splitwise, max_machines):
     """Cells to try when a cost or power answer fails, cheapest first."""
-    steps = range(-reach, reach + 1)
+    # more machines, never fewer in a pool: a rebalancing the model rejects (e.g. Fig. 12's
+    # 26 + 5 -> 29 + 2, KV memory 6x over) is not an answer to buy on four windows' say-so
+    steps = range(0, reach + 1)
     cells = np.array([cell + np.array([dp, dt, 0.0, 0.0, 0.0]) for dp in steps
                       for dt in (steps if splitwise else (0,)) if dp or dt], float)
     lo_t = 1 if splitwise else 0
