@@ -175,7 +175,7 @@ def test_simulate_runs_chunked_designs_as_its_colocated_design_with_the_budget()
                  ["--colocated-pool", "dgx-h100:3", "--chunked-prefill", "512"],
                  ["--design", "baseline-h100", "--machines", "3", "--chunked-prefill", "512"]):
         a = sim_cli.build_parser().parse_args(argv)
-        sizes = sim_cli._preset_sizes(None, a) if _design_args.is_preset(a) else None
+        sizes = _design_args.preset_sizes(None, a) if _design_args.is_preset(a) else None
         design = _design_args.design_from_args(a, preset_sizes=sizes, chunked_prefill=a.chunked_prefill)
         sim_cli.check_simulable(design)
         run, config = simulated(build_cluster(design))

@@ -295,3 +295,18 @@ def pool_lines(pools: list[dict]) -> list[str]:
         lines += [f"    note: {n}" for n in pv["notes"]]
     return lines
 
+
+def preset_sizes(ap, a) -> tuple[float, float]:
+    """Pool sizes of a named design from --machines / --prompt-machines / --token-machines
+    (evaluate's and simulate's; argparse error on a wrong combination)."""
+    from splitwise_jax.cluster.designs import PRESETS
+
+    name = a.design or "splitwise-hh"
+    strategy = PRESETS[name].strategy
+    if not strategy.token_pool:
+        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
+            ap.error(f"--design {name} is {strategy.label}: give --machines N (and not --prompt/--token-machines)")
+        return a.machines, 0.0
+    if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
+        ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
+    return a.prompt_machines, a.token_machines

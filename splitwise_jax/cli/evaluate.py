@@ -92,19 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _preset_sizes(ap, a) -> tuple[float, float]:
-    """Pool sizes of a named design from --machines / --prompt-machines / --token-machines."""
-    name = a.design or "splitwise-hh"
-    strategy = PRESETS[name].strategy
-    if not strategy.token_pool:
-        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
-            ap.error(f"--design {name} is {strategy.label}: give --machines N (and not --prompt/--token-machines)")
-        return a.machines, 0.0
-    if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
-        ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
-    return a.prompt_machines, a.token_machines
-
-
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
@@ -112,7 +99,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     preset = _design_args.is_preset(a)
     if preset:
-        sizes = _preset_sizes(ap, a)
+        sizes = _design_args.preset_sizes(ap, a)
     elif a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
         ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
                  "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")

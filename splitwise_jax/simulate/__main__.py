@@ -150,21 +150,6 @@ def make_trace(a):
                                               name=f"{Path(path).stem}-poisson-{rate:g}rps")
 
 
-def _preset_sizes(ap, a) -> tuple[int, int]:
-    """Pool sizes of a named design from --machines / --prompt-machines / --token-machines."""
-    from splitwise_jax.cluster.designs import PRESETS
-
-    name = a.design or "splitwise-hh"
-    if PRESETS[name].kind != "splitwise":
-        if a.machines is None or a.prompt_machines is not None or a.token_machines is not None:
-            what = "a baseline" if PRESETS[name].kind == "baseline" else "colocated (chunked prefill)"
-            ap.error(f"--design {name} is {what}: give --machines N (and not --prompt/--token-machines)")
-        return a.machines, 0
-    if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
-        ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
-    return a.prompt_machines, a.token_machines
-
-
 def check_simulable(design):
     """The design, or ValueError naming what the simulator cannot run in it (a
     fractional machine count or chunk budget, in the flags' words). What it runs is
@@ -195,7 +180,7 @@ def main(argv=None) -> int:
 
     preset = _design_args.is_preset(a)
     if preset:
-        sizes = _preset_sizes(ap, a)
+        sizes = _design_args.preset_sizes(ap, a)
     elif a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
         ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
                  "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
