@@ -148,7 +148,9 @@ def test_evaluate_simulate_prints_model_and_seeds_side_by_side(capsys, setting):
     for row in sim["table"]:
         key, p = f"{row['metric'].lower()}_s", row["percentile"].lower()
         assert row["model_s"] == d[key][p]
-        assert row["sim_min_s"] <= seed0[key][p] <= row["sim_max_s"]
+        # 1e-6: the CLI times phases in float64 (its preamble), this process's cluster may
+        # have been built before x64 was on (test order); measured difference 1e-7 relative
+        assert row["sim_min_s"] * (1 - 1e-6) <= seed0[key][p] <= row["sim_max_s"] * (1 + 1e-6)
         assert row["sim_min_s"] <= row["sim_mean_s"] <= row["sim_max_s"]
         assert row["model_vs_sim"] == pytest.approx(row["model_s"] / row["sim_mean_s"] - 1)
     assert sim["runs"][0]["meets_slo"] == seed0["meets_slo"]
