@@ -134,7 +134,8 @@ def main(argv=None) -> int:
         rows.append(judge(p, out, fresh))
         r = rows[-1]
         print(f"[{i + 1}/{len(todo)}] {p['design']} {p['workload']} {p['model']} {p['rate']} req/s {p['objective']}: "
-              f"model {r['model_answer']} -> certified {r['answer']} ({'stepped' if r['stepped'] else 'as is'}); "
+              f"model {r['model_answer']} -> {'certified' if r['certified'] else 'NOT certified (none within reach passes)'} "
+              f"{r['answer']} ({'moved' if r['stepped'] else 'as is'}); "
               f"fresh {r['fresh_passes']}/{r['fresh_seeds']}; minimal {r['minimal']} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     df = pd.DataFrame(rows)
