@@ -310,3 +310,15 @@ def preset_sizes(ap, a) -> tuple[float, float]:
     if a.prompt_machines is None or a.token_machines is None or a.machines is not None:
         ap.error(f"--design {name} needs --prompt-machines P and --token-machines T (not --machines)")
     return a.prompt_machines, a.token_machines
+
+
+def sizes_from_args(ap, a) -> tuple[float, float] | None:
+    """A named design's pool sizes (`preset_sizes`), or None for a design file or pool
+    flags, where --machines / --prompt-machines / --token-machines are an argparse error
+    (the counts are the pools')."""
+    if is_preset(a):
+        return preset_sizes(ap, a)
+    if a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
+        ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
+                 "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
+    return None

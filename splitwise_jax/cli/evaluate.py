@@ -97,15 +97,10 @@ def main(argv=None) -> int:
     _cli.preamble()  # float64, loop emitters: before any array is built or JAX starts its backend
     ap = build_parser()
     a = ap.parse_args(argv)
-    preset = _design_args.is_preset(a)
-    if preset:
-        sizes = _design_args.preset_sizes(ap, a)
-    elif a.machines is not None or a.prompt_machines is not None or a.token_machines is not None:
-        ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
-                 "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
+    sizes = _design_args.sizes_from_args(ap, a)
     with _cli.input_errors(ap):
         llm = _design_args.model_from_args(a)
-        design = _design_args.design_from_args(a, preset_sizes=sizes if preset else None,
+        design = _design_args.design_from_args(a, preset_sizes=sizes,
                                                chunked_prefill=a.chunked_prefill)
         _design_args.check_counts(design)
         if a.transfer is not None:
