@@ -482,7 +482,12 @@ def load_trace(path: str | os.PathLike) -> pd.DataFrame:
     """
     import pandas as pd  # imported here, not at the top (see the top's note)
     try:
-        raw = pd.read_csv(path)
+        # A replay reproduces the file's timestamps to the last bit: pandas 2's default
+        # float parser can differ from them in the 16th digit (CI, 2026-12-03), so it is
+        # asked for round-trip parsing; pandas 3 parses exactly by default and deprecates
+        # the argument.
+        exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+        raw = pd.read_csv(path, **exact)
     except pd.errors.EmptyDataError:
         raise ValueError(f"trace {path} is empty; expected a CSV with a header") from None
     return _normalise(raw, f"trace {path}")
