@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "to the cheapest neighbour that passes every seed; check the one-machine-cheaper neighbours "
                          "fail (docs/optimize.md, 'Certified answers')" % _certify_default())
     ap.add_argument("--no-certify", action="store_true", help="skip the certification by simulation")
+    ap.add_argument("--window-confidence", type=float, metavar="P", default=None,
+                    help="certify: a cell passes when every seed meets every SLO and a fresh window is estimated to "
+                         "with probability >= P, 0 <= P < 1 (default 0.95; 0: every seed meeting is enough)")
     ap.add_argument("--confidence", type=float, metavar="P",
                     help="also find the best design whose nine SLOs all hold with probability >= P, 0 < P < 1, under "
                          "the model's error bars, and report what it costs over the point answer (docs/uncertainty.md)")
@@ -160,6 +163,9 @@ def _check_flags(args) -> None:
         raise ValueError("--pareto-csv writes the front of --pareto; add --pareto OBJ,OBJ")
     if args.compare_designs and args.verify:
         raise ValueError("--verify checks one design's answer; it does not combine with --compare-designs")
+    if args.window_confidence is not None and not 0.0 <= args.window_confidence < 1.0:
+        raise ValueError(f"--window-confidence must be in [0, 1) (0: every seed meeting is enough); got "
+                         f"{args.window_confidence:g}")
     if args.no_certify and args.certify is not None:
         raise ValueError("--certify K and --no-certify contradict each other; give one")
     if args.certify is not None and (args.compare_designs or args.pareto is not None):
@@ -312,7 +318,7 @@ def main(argv=None) -> int:
         from splitwise_jax.simulate.certify import certify
         seeds = range(args.certify if args.certify is not None else _certify_default())
         cert = certify(cluster, wl_full, problem, res.best, seeds=seeds, splitwise=cluster.kind == "splitwise",
-                       progress=progress)
+                       confidence=args.window_confidence, progress=progress)
         if cert.stepped:
             moved = evaluate_candidate(cluster, wl_full, _candidate_at(res.best, cert.answer), problem, config)
             res = dataclasses.replace(res, best=moved, metrics=moved.metrics)
