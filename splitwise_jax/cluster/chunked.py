@@ -73,6 +73,7 @@ import jax.numpy as jnp
 
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
 from splitwise_jax.specs.batch import Batch
+from splitwise_jax.cluster.flows_baseline import Baseline
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
 from splitwise_jax.cluster.pool import PoolState, jsq_share, newton_log_root
@@ -311,6 +312,7 @@ class Chunked(Colocated):
     __slots__ = ()
     kind: ClassVar[str] = "chunked"
     label: ClassVar[str] = "colocated (chunked prefill)"
+    simulated_as_is: ClassVar[bool] = False
 
     def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
         del res, window_s  # no drafting: nothing here needs the wait-CDF resolution; stationary decodes
@@ -328,6 +330,17 @@ class Chunked(Colocated):
 
     def describe(self, design) -> str:
         return f", chunked prefill {design.chunked_prefill_tokens:g} tokens"
+
+    def simulated(self, cluster) -> tuple:
+        # Chunked prefill is a policy of the simulated machines, not of the cluster's
+        # timing: the colocated pool (a baseline) with the simulator's chunked prefill at
+        # the design's token budget.
+        budget = float(cluster.scheduling.token_budget)
+        if abs(budget - round(budget)) > 1e-9:
+            raise ValueError(f"the chunked-prefill budget is {budget:g} tokens: the simulator splits prompts at whole "
+                             "tokens")
+        return (cluster.replace(strategy=Baseline()),
+                {"chunked_prefill_tokens": int(round(budget)), "scheduler": "token_jsq"})
 
 
 def chunked_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:
