@@ -19,7 +19,10 @@ The designs (registry: `strategies.STRATEGIES`, by `kind`):
 
 Where to add a design: one new module with a `DesignStrategy` subclass (its `flows`,
 and the hooks below where it differs from a colocated pool), one line in
-`strategies.STRATEGIES` (docs/architecture.md, "Where to add a design").
+`strategies.STRATEGIES` (docs/architecture.md, "Where to add a design"). Nothing else
+names a design: evaluate, optimize and the simulator ask its strategy (`token_pool`,
+`simulated_as_is`, `simulated`, `describe`, ...), and tests/test_strategies.py fails on
+a comparison of a `kind` with a design's name outside this module and the registry.
 """
 
 from __future__ import annotations
