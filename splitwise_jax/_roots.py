@@ -8,18 +8,29 @@
   carries the gradient dx = -dr / r'(x*) (the capped clock, `phases.phases`; the serving
   engine's running batch, `cluster.engine`).
 
+* `newton_log_root`: damped Newton in log B on a residual whose slope lies in (0, 1]
+  (Little's law of a batching pool: `damped_log_newton_step`, its slope a forward
+  difference over `log_slope_step`), undifferentiated, with the exact implicit
+  derivative as its `custom_jvp` (chunked prefill's running batch, `cluster.chunked`).
+  The pool's own fixed point (`cluster.pool._root`) takes the same steps in a loop that
+  also carries the pool's state out, so it stays with the pool and imports the step.
+
 Differentiating through the unrolled iterations instead gives the same first
 derivatives at a many times larger reverse-mode graph (the calibration's jit took
 minutes to compile); the last step's derivative is exact at the root.
 
-Two solvers stay beside their one caller because they are part of its numerics: the
-pool's Little's-law fixed point (`cluster.pool.newton_log_root` and `_root`, Newton in
-log B with a damped step) and the percentile search (`cluster.quantiles.search`,
-bracketing on a mixture's CDF, with `quantiles.implicit_root`).
+The percentile search stays in `cluster.quantiles` (`search`, `bracket`, `rebracket`,
+`refine`, `implicit_root`) with its caller `cluster.percentiles`: it solves F(t) = q for
+a vector of levels at once on a CDF, in logit F, from a tabulated bracket, and its
+implicit gradient floors a CDF's slope per unit of log t. None of the solvers here can
+stand in for it without changing its answers (a different iteration converges to a
+different last ulp and, on the piecewise-smooth mixtures, takes different steps), and
+moving it here as it is would make this module a percentile module.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import jax
@@ -125,3 +136,48 @@ def newton_implicit(residual: Callable, residual_sg: Callable, x0, steps: int, s
     x = jax.lax.stop_gradient(jax.lax.fori_loop(0, steps, newton, x0))
     _, slope = jax.jvp(residual_sg, (x,), (jnp.ones_like(x),))
     return clamp(x - residual(x) / floor(slope))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def newton_log_root(residual: Callable, iters: int, args, log_b0):
+    """The root log B of `residual(args, log_b)` (slope in (0, 1]) by `iters` damped
+    Newton steps (`damped_log_newton_step`) from log_b0, undifferentiated; its
+    derivative is the implicit one, exact at the root: dlog B = -(dr/dargs . dargs) /
+    (dr/dlog B). For fixed points whose state is rebuilt at the root by the caller
+    (`cluster.chunked.chunked_state`); `cluster.pool.pool_state` carries its state out
+    of the loop instead (`pool._root`)."""
+    def newton(_, log_b):
+        r = jax.vmap(lambda lb: residual(args, lb))(jnp.stack([log_b, log_b + log_slope_step()]))
+        return damped_log_newton_step(log_b, r)
+
+    return jax.lax.fori_loop(0, iters, newton, log_b0)
+
+
+@newton_log_root.defjvp
+def _newton_log_root_jvp(residual, iters, primals, tangents):
+    args, log_b0 = primals
+    args_dot, _ = tangents
+    log_b = newton_log_root(residual, iters, args, log_b0)
+    _, lin = jax.linearize(residual, args, log_b)
+    r_theta = lin(args_dot, jnp.zeros_like(log_b))
+    r_b = lin(jax.tree_util.tree_map(jnp.zeros_like, args_dot), jnp.ones_like(log_b))
+    return log_b, -r_theta / jnp.where(jnp.abs(r_b) > 1e-6, r_b, 1e-6)
+
+
+def log_slope_step():
+    """Step in log B of the Newton slope's forward difference: 1e-6 in float64, 1e-3 in
+    float32 (read when traced, so it follows the x64 flag)."""
+    return 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
+
+
+def damped_log_newton_step(log_b, r):
+    """One Newton step from the residual at log B and at log B + `log_slope_step()`
+    (r, shape (2,) + log_b's): damped (the slope floored at 0.05, the step clipped to
+    +-2: safe from a poor start, `cluster.pool._root`) unless the full step (slope floored
+    at 1e-3) is shorter than 0.25. Near a pool's decode limit the slope falls to ~0.01,
+    where the floored steps converged at ~0.8 per step and 13 of them left B 1.3e-2 off
+    (docs/speed.md §2 item 11)."""
+    slope = (r[1] - r[0]) / log_slope_step()
+    damped = jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
+    newton = r[0] / jnp.maximum(slope, 1e-3)
+    return log_b - jnp.where(jnp.abs(newton) < 0.25, newton, damped)

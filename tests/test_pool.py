@@ -69,7 +69,7 @@ def test_littles_law_holds_near_the_decode_limit(timing):
     """Just below the load where decoding saturates the machines (here ~14.05 requests/s
     per machine: B from 250 at 12 to 1,556 at 14), the residual's slope in log B falls
     to ~0.01, below the 0.05 floor of the damped steps, which then converge at ~0.8 per
-    step: 13 damped evaluations left B 1.3e-6 off Little's law at 14 (pool._newton_step
+    step: 13 damped evaluations left B 1.3e-6 off Little's law at 14 (_roots.damped_log_newton_step
     now takes full steps once they are short). Same tolerance as above (1e-9)."""
     n = 4.0
     for lam_d in (12.0, 13.0, 13.6, 14.0):

@@ -87,3 +87,76 @@ def test_the_serving_engine_is_registered_but_not_a_cluster_design():
     c = sj.make_cluster("baseline-h100", 4.0)
     with pytest.raises(ValueError, match="per load stage"):
         sj.evaluate(c.replace(strategy=ENGINE), sj.load_workload("coding", rate_per_s=10.0))
+
+
+def test_simulated_as_is_agrees_with_the_simulated_hook():
+    # `simulated_as_is` is what the simulator and optimize's --simulate-top ask without
+    # a cluster at hand; `simulated` is what runs. They must tell the same story.
+    for name in ("baseline-h100", "chunked-h100", "splitwise-hh"):
+        c = sj.make_cluster(name, 4.0, 2.0 if PRESETS[name].strategy.token_pool else 0.0)
+        run, options = c.strategy.simulated(c)
+        assert c.strategy.simulated_as_is == (run is c and options == {}), name
+        assert not run.strategy.token_pool or run is c  # what runs is a design the simulator knows by its roles
+    run, options = CHUNKED.simulated(sj.make_cluster("chunked-h100", 4.0))
+    assert run.strategy == BASELINE and options == {"chunked_prefill_tokens": 512, "scheduler": "token_jsq"}
+
+
+# -- no design named by its kind outside the strategy layer ----------------------------
+
+# Where a design may be tested by its name: the strategy layer itself (the base class and
+# the registry, which maps names to strategies). Everything else asks the strategy
+# (`token_pool`, `simulated_as_is`, `simulated`, `describe`, ...), so that adding a design
+# is a new strategy object, not an edit of the callers (docs/architecture.md).
+_NAMES_ALLOWED_IN = {"cluster/strategy.py", "cluster/strategies.py"}
+
+
+def _kind_comparisons(source: str, names) -> list[int]:
+    """Lines of `source` that compare something called `kind` (`x.kind`, `kind`) with a
+    design name: ==, !=, in, not in, against a string or a tuple/list/set of them."""
+    import ast
+
+    def is_kind(node):
+        return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
+            isinstance(node, ast.Name) and node.id == "kind")
+
+    def names_in(node):
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+        return False
+
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_kind(s) for s in sides) and any(names_in(s) for s in sides):
+                hits.append(node.lineno)
+    return hits
+
+
+def test_the_kind_detector_bites():
+    names = set(STRATEGIES)
+    bad = ('if cluster.kind == "splitwise": pass\n'
+           'x = "chunked" != d.kind\n'
+           'y = c.kind in ("baseline", "chunked")\n'
+           'z = kind not in ["engine"]\n')
+    assert _kind_comparisons(bad, names) == [1, 2, 3, 4]
+    fine = ('a = prov.kind == "calibrated"\n'       # a provenance's kind, not a design's
+            'b = cluster.strategy.token_pool\n'
+            'c = {"kind": design.kind}\n')           # naming it in an output is what kind is for
+    assert _kind_comparisons(fine, names) == []
+
+
+def test_no_design_is_named_by_its_kind_outside_the_strategy_layer():
+    from pathlib import Path
+
+    root = Path(sj.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in _NAMES_ALLOWED_IN:
+            continue
+        found += [f"{rel}:{line}" for line in _kind_comparisons(path.read_text(), set(STRATEGIES))]
+    assert not found, ("a design tested by its kind outside the strategy layer; ask its strategy instead "
+                       f"(cluster/strategy.py): {found}")

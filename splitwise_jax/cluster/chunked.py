@@ -71,11 +71,13 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from splitwise_jax._roots import newton_log_root
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos
 from splitwise_jax.specs.batch import Batch
+from splitwise_jax.cluster.flows_baseline import Baseline
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
-from splitwise_jax.cluster.pool import PoolState, jsq_share, newton_log_root
+from splitwise_jax.cluster.pool import PoolState, jsq_share
 from splitwise_jax.cluster.queueing import prob_wait, wait_model
 
 #: Prompt tokens per iteration by default: vLLM's default when it turned chunked prefill
@@ -272,7 +274,7 @@ def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
         return _need(lam_d, mean_decode_iters, r)
 
     # Newton in log B, as pool.pool_state (the residual's slope lies in (0, 1]): run
-    # undifferentiated, with the exact implicit gradient (`pool.newton_log_root`).
+    # undifferentiated, with the exact implicit gradient (`_roots.newton_log_root`).
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     batch = jnp.exp(newton_log_root(_residual, _NEWTON_ITERS, args, jnp.log(b0)))
     r = rates(batch)
@@ -311,6 +313,7 @@ class Chunked(Colocated):
     __slots__ = ()
     kind: ClassVar[str] = "chunked"
     label: ClassVar[str] = "colocated (chunked prefill)"
+    simulated_as_is: ClassVar[bool] = False
 
     def flows(self, cluster, cls, rate, ca2, horizon_s, res, window_s=None):
         del res, window_s  # no drafting: nothing here needs the wait-CDF resolution; stationary decodes
@@ -328,6 +331,17 @@ class Chunked(Colocated):
 
     def describe(self, design) -> str:
         return f", chunked prefill {design.chunked_prefill_tokens:g} tokens"
+
+    def simulated(self, cluster) -> tuple:
+        # Chunked prefill is a policy of the simulated machines, not of the cluster's
+        # timing: the colocated pool (a baseline) with the simulator's chunked prefill at
+        # the design's token budget.
+        budget = float(cluster.scheduling.token_budget)
+        if abs(budget - round(budget)) > 1e-9:
+            raise ValueError(f"the chunked-prefill budget is {budget:g} tokens: the simulator splits prompts at whole "
+                             "tokens")
+        return (cluster.replace(strategy=Baseline()),
+                {"chunked_prefill_tokens": int(round(budget)), "scheduler": "token_jsq"})
 
 
 def chunked_flows(cluster, cls: Classes, lam, ca2, horizon_s) -> Flows:

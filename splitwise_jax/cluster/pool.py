@@ -43,12 +43,12 @@ References:
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from splitwise_jax._roots import damped_log_newton_step, log_slope_step
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.specs.batch import Batch
 
@@ -255,53 +255,10 @@ def pool_states(*calls: dict) -> list[PoolState]:
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(calls))]
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def newton_log_root(residual: Callable, iters: int, args, log_b0):
-    """The root log B of `residual(args, log_b)` (slope in (0, 1]) by `iters` damped
-    Newton steps from log_b0, undifferentiated; its derivative is the implicit one,
-    exact at the root: dlog B = -(dr/dargs . dargs) / (dr/dlog B). For fixed points whose
-    state is rebuilt at the root by the caller (chunked.chunked_state); `pool_state`
-    carries its state out of the loop instead. Slopes as in `_root`."""
-    def newton(_, log_b):
-        r = jax.vmap(lambda lb: residual(args, lb))(jnp.stack([log_b, log_b + _slope_step()]))
-        return _newton_step(log_b, r)
-
-    return jax.lax.fori_loop(0, iters, newton, log_b0)
-
-
-@newton_log_root.defjvp
-def _newton_log_root_jvp(residual, iters, primals, tangents):
-    args, log_b0 = primals
-    args_dot, _ = tangents
-    log_b = newton_log_root(residual, iters, args, log_b0)
-    _, lin = jax.linearize(residual, args, log_b)
-    r_theta = lin(args_dot, jnp.zeros_like(log_b))
-    r_b = lin(jax.tree_util.tree_map(jnp.zeros_like, args_dot), jnp.ones_like(log_b))
-    return log_b, -r_theta / jnp.where(jnp.abs(r_b) > 1e-6, r_b, 1e-6)
-
-
-def _slope_step():
-    """Step in log B of the Newton slope's forward difference: 1e-6 in float64, 1e-3 in
-    float32 (read when traced, so it follows the x64 flag)."""
-    return 1e-6 if jnp.result_type(float) == jnp.float64 else 1e-3
-
-
 def _newton_tol():
     """`_NEWTON_TOL` in float64; in float32, where one step of the residual's round-off
-    moves log B by ~1e-6, 1e-5 (read when traced, as `_slope_step`)."""
+    moves log B by ~1e-6, 1e-5 (read when traced, as `_roots.log_slope_step`)."""
     return _NEWTON_TOL if jnp.result_type(float) == jnp.float64 else 1e-5
-
-
-def _newton_step(log_b, r):
-    """One Newton step from the residual at log B and at log B + `_slope_step()`: damped
-    (the slope floored at 0.05, the step clipped to +-2: safe from a poor start, `_root`)
-    unless the full step (slope floored at 1e-3) is shorter than 0.25. Near a pool's
-    decode limit the slope falls to ~0.01, where the floored steps converged at ~0.8 per
-    step and 13 of them left B 1.3e-2 off (docs/speed.md §2 item 11)."""
-    slope = (r[1] - r[0]) / _slope_step()
-    damped = jnp.clip(r[0] / jnp.maximum(slope, 0.05), -2.0, 2.0)
-    newton = r[0] / jnp.maximum(slope, 1e-3)
-    return log_b - jnp.where(jnp.abs(newton) < 0.25, newton, damped)
 
 
 # B of a pool without decode traffic: where the residual's floor (need >= 1e-12) puts it.
@@ -337,8 +294,8 @@ def _root(args):
 
     def newton(carry):
         i, log_b, _, _ = carry
-        st, r = jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + _slope_step()]))
-        new = _newton_step(log_b, r)
+        st, r = jax.vmap(lambda lb: _state_and_residual(args, lb))(jnp.stack([log_b, log_b + log_slope_step()]))
+        new = damped_log_newton_step(log_b, r)
         return i + 1, new, (log_b, st), jnp.abs(new - log_b)
 
     def going(carry):
@@ -354,7 +311,7 @@ def _root(args):
     # The state at the last iterate, moved to the next one along the pair's difference
     # (`_NEWTON_TOL`): saves the evaluation that would only have confirmed it.
     near = moved < _EXTRAPOLATE_MAX
-    frac = jnp.where(near, (new - log_b) / _slope_step(), 0.0)
+    frac = jnp.where(near, (new - log_b) / log_slope_step(), 0.0)
     st = jax.tree_util.tree_map(lambda a: a[0] + (a[1] - a[0]) * frac, pair)
     return jnp.where(near, new, log_b), st
 

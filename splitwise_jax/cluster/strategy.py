@@ -19,7 +19,10 @@ The designs (registry: `strategies.STRATEGIES`, by `kind`):
 
 Where to add a design: one new module with a `DesignStrategy` subclass (its `flows`,
 and the hooks below where it differs from a colocated pool), one line in
-`strategies.STRATEGIES` (docs/architecture.md, "Where to add a design").
+`strategies.STRATEGIES` (docs/architecture.md, "Where to add a design"). Nothing else
+names a design: evaluate, optimize and the simulator ask its strategy (`token_pool`,
+`simulated_as_is`, `simulated`, `describe`, ...), and tests/test_strategies.py fails on
+a comparison of a `kind` with a design's name outside this module and the registry.
 """
 
 from __future__ import annotations
@@ -43,12 +46,15 @@ class DesignStrategy:
         roles: the pool roles of its clusters, in `Cluster` slot order (the first pool is
             the `prompt` slot): ("colocated",) or ("prompt", "token").
         label: how messages name it ("a baseline", ...).
+        simulated_as_is: whether the request-level simulator runs its clusters as they
+            are (`simulated` returns them unchanged, with no options of its own).
     """
 
     __slots__ = ()
     kind: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ("colocated",)
     label: ClassVar[str] = ""
+    simulated_as_is: ClassVar[bool] = True
 
     # -- identity: a hashable singleton, static pytree metadata ---------------------
     def __eq__(self, other) -> bool:
@@ -97,6 +103,18 @@ class DesignStrategy:
         """The decode routes when a `share` of requests runs wholly on its prompt's
         machine (past every drafting threshold); a colocated design does already."""
         return decode_routes
+
+    # -- what the request-level simulator asks (`simulate.policies.simulated`) ------
+    def simulated(self, cluster) -> tuple:
+        """What the request-level simulator runs for a cluster of this design: (the
+        cluster its machines run, the `simulate.SimConfig` fields the design sets, a dict
+        of field -> value). The simulator runs a cluster's pools by their roles (a token
+        pool: the prompt and token machines with the mixed pool's scheduler; none: one
+        colocated pool routed by fewest pending tokens); a design that is a policy of the
+        simulated machines rather than of the cluster's timing (chunked prefill) returns
+        the cluster it runs as and the policy's options, and sets `simulated_as_is`
+        False. ValueError where the simulator cannot run it (a fractional budget)."""
+        return cluster, {}
 
     # -- building and naming --------------------------------------------------------
     def pools(self, cluster) -> tuple:

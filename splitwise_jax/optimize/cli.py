@@ -221,7 +221,7 @@ def main(argv=None) -> int:
             if args.transfer_mode is not None:
                 design = design.replace(transfer_mode=args.transfer_mode)
             found = variants(design, budgets)
-            clusters = {k: build_cluster(v.with_counts(1.0, 1.0 if v.kind == "splitwise" else None),
+            clusters = {k: build_cluster(v.with_counts(1.0, 1.0 if v.strategy.token_pool else None),
                                          model=llm, phase_model=args.phase_model, params_path=params_path)
                         for k, v in found.items()}
             designs = list(clusters)
@@ -230,16 +230,16 @@ def main(argv=None) -> int:
             args.design = args.design or "splitwise-hh"
             designs = designs if many else [args.design]
             clusters = {d: make_cluster(d, 1.0, 1.0, **kw) for d in designs}
-        if args.simulate_top and any(clusters[d].kind == "chunked" for d in designs):
+        if args.simulate_top and any(not clusters[d].strategy.simulated_as_is for d in designs):
             raise ValueError("--simulate-top simulates SplitwiseSim's policies; chunked-prefill designs are checked "
                              "in studies/chunked_prefill.py")
         for d in designs:  # structural checks before any compilation
-            if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
+            if not many or clusters[d].strategy.token_pool or problem.free_caps in ("none", "prompt"):
                 free_flags(clusters[d], problem.free_caps)
         wl_full = _design_args.workload_from_args(args, args.rate if args.objective != "throughput" else None)
         wl = coarsen(wl_full, args.bins, args.bins) if args.bins else wl_full
         for d in designs:  # budgets that cannot buy a machine per pool, pool bounds
-            if not many or clusters[d].kind == "splitwise" or problem.free_caps in ("none", "prompt"):
+            if not many or clusters[d].strategy.token_pool or problem.free_caps in ("none", "prompt"):
                 make_spec(clusters[d], wl, problem)
 
     if not args.no_cache:
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         if args.json:
             out = dict(workload=args.workload, objective=problem.objective, problem=problem_kind(problem),
                        baseline=args.baseline, wall_s=wall,
-                       designs={d: _result_dict(r, clusters[d].kind == "splitwise", None, None, r.timings_s["gradient"])
+                       designs={d: _result_dict(r, clusters[d].strategy.token_pool, None, None, r.timings_s["gradient"])
                                 for d, r in results.items()},
                        headlines=headline_ratios(results, problem))
             print(json.dumps(out, indent=2))
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     if not args.no_certify and res.best is not None:
         from splitwise_jax.simulate.certify import certify
         seeds = range(args.certify if args.certify is not None else _certify_default())
-        cert = certify(cluster, wl_full, problem, res.best, seeds=seeds, splitwise=cluster.kind == "splitwise",
+        cert = certify(cluster, wl_full, problem, res.best, seeds=seeds, splitwise=cluster.strategy.token_pool,
                        confidence=args.window_confidence, progress=progress)
         if cert.stepped:
             moved = evaluate_candidate(cluster, wl_full, _candidate_at(res.best, cert.answer), problem, config)
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     fig12 = (args.design == paper.FIG12["design"] and args.workload == paper.FIG12["workload"]
              and problem.objective == "cost" and abs(float(np.asarray(wl.rate_per_s)) - paper.FIG12["rate_per_s"]) < 1e-9)
     if args.json:
-        d = _result_dict(res, cluster.kind == "splitwise", full, grid, opt_wall)
+        d = _result_dict(res, cluster.strategy.token_pool, full, grid, opt_wall)
         d.update(workload=args.workload, problem=dict(kind=problem_kind(problem), **dataclasses.asdict(problem)),
                  bins=args.bins, wall_s_from_start=time.perf_counter() - t_start)
         if stepped is not None:
@@ -343,16 +343,16 @@ def main(argv=None) -> int:
             d["certificate"] = cert.to_dict()
             d["certified"] = bool(cert.certified)
         if searched is not None:
-            d["variants"] = {k: _result_dict(r, clusters[k].kind == "splitwise", None, None, r.timings_s["gradient"])
+            d["variants"] = {k: _result_dict(r, clusters[k].strategy.token_pool, None, None, r.timings_s["gradient"])
                              for k, r in searched.items()}
         d["pools"] = _answer_pools(cluster, res, args.phase_model, params_path)
         if conf is not None:
             from splitwise_jax.optimize.confidence import confidence_dict
-            d["confidence"] = confidence_dict(conf, cluster.kind == "splitwise")
+            d["confidence"] = confidence_dict(conf, cluster.strategy.token_pool)
         print(json.dumps(d, indent=2))
     else:
         if searched is not None:
-            print(variants_table(searched, {k: c.kind == "splitwise" for k, c in clusters.items()},
+            print(variants_table(searched, {k: c.strategy.token_pool for k, c in clusters.items()},
                                  best_variant(searched, problem.objective),
                                  f"{len(searched)} machine / budget choices on {args.workload}: {goal} {load}"))
         name = _label(args.design) if args.design in DESIGNS else args.design
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
                                                                                     params_path))))
         if conf is not None:
             from splitwise_jax.optimize.confidence import confidence_text
-            print(confidence_text(conf, cluster.kind == "splitwise"))
+            print(confidence_text(conf, cluster.strategy.token_pool))
         print(f"  {time.perf_counter() - t_start:.1f} s from process start")
     if args.plot:
         with _cli.input_errors(ap):  # nothing feasible to centre the plane on

@@ -219,9 +219,8 @@ def main(argv=None) -> int:
     else:
         from splitwise_jax.cli.evaluate import format_table
         what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
-        chunk = f", chunked prefill {design.chunked_prefill_tokens:g} tokens" if design.kind == "chunked" else ""
-        print(format_table(d, f"{design.name} ({what}{chunk}), {llm.name}, {len(tr)} requests ({tr.name}), "
-                              f"{a.phase_model} phases, simulated"))
+        print(format_table(d, f"{design.name} ({what}{design.strategy.describe(design)}), {llm.name}, {len(tr)} "
+                              f"requests ({tr.name}), {a.phase_model} phases, simulated"))
         print("\n".join(_design_args.pool_lines(pools)))
         print(f"simulated in {res.wall_s:.2f} s (event loop) + {res.setup_s + res.report_s:.2f} s (timing set-up, "
               "metrics)")

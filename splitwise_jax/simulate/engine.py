@@ -181,7 +181,11 @@ class _Sim:
     def __init__(self, cluster, trace: RequestTrace, cfg: SimConfig, fast: dict):
         self.cfg = cfg
         self.cluster = cluster
-        self.kind = cluster.kind
+        design = cluster.strategy
+        design.check(cluster)
+        if not design.simulated_as_is:
+            raise ValueError(f"a {cluster.kind!r} cluster runs in the simulator as simulate.policies.simulated(cluster) "
+                             "gives it (the cluster to run and its SimConfig), not as it is")
         llm = cluster.prompt.llm
         tr = cluster.transfer
         self.kv_tok = float(llm.kv_bytes_per_token(bool(tr.ignore_gqa)))
@@ -196,7 +200,7 @@ class _Sim:
         self.layerwise = tr.mode == "layerwise"
         self.n_layers = int(llm.n_layers)
         self.chunk = cfg.chunked_prefill_tokens
-        self.scheduler = cfg.scheduler or ("token_jsq" if cluster.kind == "baseline" else "mixed_pool")
+        self.scheduler = cfg.scheduler or ("mixed_pool" if design.token_pool else "token_jsq")
         if self.chunk is not None and self.scheduler != "token_jsq":
             raise ValueError("chunked prefill (SimConfig.chunked_prefill_tokens) runs on colocated designs "
                              f"(scheduler 'token_jsq'); this cluster is {cluster.kind!r} with scheduler "
@@ -211,7 +215,7 @@ class _Sim:
         # pool first otherwise (its cluster configs list that server type first).
         n_p = _whole("n_prompt", cluster.n_prompt)
         hw_p = _hw_name(cluster.prompt)
-        n_t = _whole("n_token", cluster.n_token) if cluster.kind != "baseline" else 0
+        n_t = _whole("n_token", cluster.n_token) if design.token_pool else 0
         hw_t = _hw_name(cluster.token) if n_t else hw_p
         first_p, first_t = (0, n_p) if hw_t == hw_p else (n_t, 0)
         machines = []
@@ -951,5 +955,5 @@ def build_fast_timings(cluster, trace: RequestTrace, cfg: SimConfig) -> dict:
     max_ctx = int((trace.prompt_tokens + trace.output_tokens).max()) + 1
     kw = dict(max_tokens=max_tokens, max_batch=cfg.max_batch_size, max_context=max_ctx)
     prompt = _timing.fast_timing(cluster.prompt, **kw)
-    token = prompt if cluster.kind == "baseline" else _timing.fast_timing(cluster.token, **kw)
+    token = _timing.fast_timing(cluster.token, **kw) if cluster.strategy.token_pool else prompt
     return {"prompt": prompt, "token": token}

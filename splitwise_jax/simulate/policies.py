@@ -91,11 +91,11 @@ def simulated(cluster) -> tuple:
     """What the simulator runs for a cluster: (the cluster, its `SimConfig`).
 
     The design's scheduler limits become the config's (`max_batch_tokens`, and the
-    mixed pool's `draft_pending_tokens` as `prompt_queue_tokens`). Chunked prefill is a
-    policy of the simulated machines, not of the cluster's timing: a chunked-prefill
-    cluster runs as its colocated pool (kind "baseline") with the simulator's chunked
-    prefill at the design's token budget. ValueError where a limit or the budget is not
-    a whole number of tokens.
+    mixed pool's `draft_pending_tokens` as `prompt_queue_tokens`). The design says
+    what else (`cluster.strategy.simulated`): chunked prefill, a policy of the simulated
+    machines rather than of the cluster's timing, runs as its colocated pool with the
+    simulator's chunked prefill at the design's token budget. ValueError where a limit
+    or the budget is not a whole number of tokens.
     """
     sched = cluster.scheduling
     knobs = {}
@@ -104,11 +104,5 @@ def simulated(cluster) -> tuple:
         if abs(v - round(v)) > 1e-9:
             raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole tokens")
         knobs[knob] = int(round(v))
-    if cluster.kind != "chunked":
-        return cluster, SimConfig(**knobs)
-    budget = float(sched.token_budget)
-    if abs(budget - round(budget)) > 1e-9:
-        raise ValueError(f"the chunked-prefill budget is {budget:g} tokens: the simulator splits prompts at whole "
-                         "tokens")
-    return cluster.replace(kind="baseline"), SimConfig(chunked_prefill_tokens=int(round(budget)),
-                                                       scheduler="token_jsq", **knobs)
+    cluster, options = cluster.strategy.simulated(cluster)
+    return cluster, SimConfig(**options, **knobs)

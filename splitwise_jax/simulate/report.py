@@ -254,7 +254,7 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cl
     pm = requests["prompt_machine"].to_numpy()
     tm = requests["token_machine"].to_numpy()
     name_pool = dict(zip(machines["machine"], pools))
-    if cluster.kind == "baseline":
+    if not cluster.strategy.token_pool:  # one pool: nothing drafted or moved
         drafted = moved = 0.0
     else:
         drafted = float(np.mean([name_pool.get(x) == "token" for x in pm]))

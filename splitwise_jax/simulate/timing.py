@@ -35,9 +35,9 @@ import inspect
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from splitwise_jax._batching import map_blocks
 from splitwise_jax.specs.batch import Batch
 
 __all__ = ["iteration_s", "power_w", "alone_s", "FastTiming", "TableTiming", "GridTiming", "fast_timing"]
@@ -120,25 +120,15 @@ def _uniform(timing):
 
 
 def _chunked(fn, timing, *arrays) -> tuple[np.ndarray, ...]:
-    """Evaluate a jitted fn(timing, P, n, S, B, C) on flat float64 arrays, chunk by chunk."""
+    """Evaluate a jitted fn(timing, P, n, S, B, C) on flat float64 arrays (N > 0
+    points; the callers return empty answers for none) in blocks of `_CHUNK` points,
+    the last padded (`_batching.map_blocks`: one compiled shape). The strategies' times
+    are elementwise in the points, so the padding's values never reach a real point's."""
     flat = [np.ravel(np.asarray(a, dtype=np.float64)) for a in arrays]
-    m = flat[0].size
     timing = _uniform(timing)
-    outs = None
-    for lo in range(0, max(m, 1), _CHUNK):
-        part = []
-        for a in flat:
-            chunk = np.full(_CHUNK, a[lo] if m else 0.0)
-            seg = a[lo:lo + _CHUNK]
-            chunk[: seg.size] = seg
-            part.append(jnp.asarray(chunk))
-        res = fn(timing, *part)
-        res = tuple(res) if isinstance(res, (tuple, list)) else (res,)
-        if outs is None:
-            outs = [[] for _ in res]
-        for acc, r in zip(outs, res):
-            acc.append(np.asarray(r, dtype=np.float64))
-    return tuple(np.concatenate(acc)[:m] for acc in outs)
+    out = map_blocks(lambda *part: fn(timing, *part), flat, _CHUNK)
+    out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return tuple(np.asarray(r, dtype=np.float64) for r in out)
 
 
 def batch_power_w(timing, P, n, S, B, C) -> np.ndarray:
