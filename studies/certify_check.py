@@ -17,6 +17,7 @@ timings) and ``certify_check.md`` (the totals) into ``--out``.
 
 Usage:
     python studies/certify_check.py [--problems 24] [--all] [--fresh 5] [--out DIR]
+    python studies/certify_check.py --optimize-args "--window-confidence 0"   # the plain rule
     SPLITWISE_SMOKE=1 python studies/certify_check.py   # 2 problems, 2 fresh seeds
 """
 
@@ -62,9 +63,9 @@ def problems(n: int | None, sample_seed: int = 2026) -> list[dict]:
     return [grid[i] for i in sorted(rng.choice(len(grid), size=n, replace=False))]
 
 
-def run_optimize(p: dict) -> dict:
+def run_optimize(p: dict, extra: list[str] = ()) -> dict:
     argv = ["--design", p["design"], "--workload", p["workload"], "--model", p["model"], "--rate", str(p["rate"]),
-            "--objective", p["objective"], "--json", "--quiet"]
+            "--objective", p["objective"], "--json", "--quiet", *extra]
     buf = io.StringIO()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(buf):
@@ -118,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--all", action="store_true", help="every problem of the grid (240)")
     ap.add_argument("--fresh", type=int, default=2 if SMOKE else 5, help="fresh seeds per answer")
     ap.add_argument("--out", default="studies/out/certify_check")
+    ap.add_argument("--optimize-args", default="", help="more optimize flags, e.g. '--window-confidence 0'")
     a = ap.parse_args(argv)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
     todo = problems(None if a.all else a.problems)
     for i, p in enumerate(todo):
         t0 = time.perf_counter()
-        out = run_optimize(p)
+        out = run_optimize(p, a.optimize_args.split())
         if out.get("certificate") is None or not out["certificate"]["supported"]:
             rows.append(dict(**p, answer=None, certified=None))  # no feasible answer within --max-machines
             print(f"[{i + 1}/{len(todo)}] {p}: no answer to certify", flush=True)
