@@ -43,6 +43,12 @@ from splitwise_jax.phases.phases import mean_token_latency_s as mean_token_laten
 from splitwise_jax.phases.phases import mixed_latency_s as mixed_latency_s
 from splitwise_jax.phases.phases import prompt_latency_s as prompt_latency_s
 from splitwise_jax.phases.phases import token_latency_s as token_latency_s
+from splitwise_jax.phases.kv_transfer import layerwise_transfer_s as layerwise_transfer_s
+from splitwise_jax.phases.kv_transfer import serialized_transfer_s as serialized_transfer_s
+# The measured profiles the phase model is calibrated on (pandas is imported inside the
+# functions, so these cost `import splitwise_jax` nothing).
+from splitwise_jax.phases.profiles import load_profiles as load_profiles
+from splitwise_jax.phases.profiles import profile_medians as profile_medians
 from splitwise_jax.cluster.workload import Workload as Workload
 from splitwise_jax.cluster.workload import coarsen as coarsen
 from splitwise_jax.cluster.workload import load_trace as load_trace

@@ -16,10 +16,10 @@ no second solver here), and the highest rate meeting the SLOs is always the pack
 Speed. `evaluate` compiles in ~10 s per program, then costs a few ms per point, so the
 helpers here funnel everything through a handful of programs:
 
-* `sweep` vmaps one jitted `evaluate` over pool sizes, arrival rate and KV bandwidth in
-  fixed-size chunks (one compile per design kind, transfer mode and model, reused by
-  every chunk and every design of that kind: static names are made uniform, and
-  workloads are padded to one class grid);
+* `sweep` maps one jitted `evaluate` (`lax.map`, a row at a time) over pool sizes,
+  arrival rate and KV bandwidth in fixed-size chunks (one compile per design kind,
+  transfer mode and model, reused by every chunk and every design of that kind: static
+  names are made uniform, and workloads are padded to one class grid);
 * `margin_jacobian` is the one jitted derivative program: the Jacobian, with respect to
   log-multipliers of rate, pool sizes, KV bandwidth, HBM bandwidth, FLOP/s and power
   caps, of the log latency percentiles, log throughput, log power and the worst SLO

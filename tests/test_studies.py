@@ -14,6 +14,7 @@ workloads); the tour notebook uses the measured profiles only when they are pres
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -116,9 +117,6 @@ def test_notebook_executes(name, smoke_env, tmp_path, monkeypatch):
     nb = nbformat.read(path, as_version=4)
     # Stored without outputs (the repository keeps notebooks diff-able).
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
-    # Notebooks use the public API only: no private modules, no study helpers.
-    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert "splitwise_jax._" not in source and "_common" not in source
     for k, v in smoke_env.items():  # the kernel inherits this process's environment
         monkeypatch.setenv(k, v)
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=1800,
@@ -126,6 +124,41 @@ def test_notebook_executes(name, smoke_env, tmp_path, monkeypatch):
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+
+
+# What a notebook may import from the package: the package itself (`import splitwise_jax
+# as sj`, its names in splitwise_jax/__init__.py) and the public subpackages whose own
+# __init__ is their API. Not the layers' modules (`splitwise_jax.cluster.cluster`, ...).
+PUBLIC_MODULES = {"splitwise_jax", "splitwise_jax.optimize", "splitwise_jax.calibrate"}
+
+
+def _imported_modules(source: str) -> set[str]:
+    """Every module a piece of Python source imports (`import a.b`, `from a.b import c`)."""
+    modules = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            modules.add("." * node.level + (node.module or ""))
+    return modules
+
+
+def test_imported_modules_sees_every_import_form():
+    src = "import os\nimport splitwise_jax.cluster.cluster as c\nif x:\n    from splitwise_jax.phases import phases\n"
+    assert _imported_modules(src) == {"os", "splitwise_jax.cluster.cluster", "splitwise_jax.phases"}
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_NAMES)
+def test_notebook_imports_only_the_public_api(name):
+    """Notebooks are what a user copies: they import `splitwise_jax` (and its public
+    subpackages), never its internal modules or the studies' helpers (STYLE.md)."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    ours = {m for m in _imported_modules(source) if m.split(".")[0] in ("splitwise_jax", "_common", "studies")}
+    assert ours <= PUBLIC_MODULES, f"{name} imports non-public modules {sorted(ours - PUBLIC_MODULES)}"
+    assert "splitwise_jax" in ours, f"{name} does not import splitwise_jax"
+    assert "splitwise_jax._" not in source and "_common" not in source
 
 
 def _drafting_check():
