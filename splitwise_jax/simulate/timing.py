@@ -24,6 +24,14 @@ last; `decode_block` returns the first iteration's time and the per-iteration in
 (the linear interpolant between the first and last iteration of the block), which the
 engine sums exactly. For the table strategy the increment is zero: the reference's rule.
 
+Tables are built once per process per strategy and size (`fast_timing`), and, when a
+command line has turned the persistent compilation cache on, kept on disk next to it
+(`splitwise_jax._array_cache`): a warm `python -m splitwise_jax.simulate` reads the very
+arrays back instead of tracing, loading and running the strategy's program (~0.4-0.7 s
+of a 2-core machine for the calibrated strategy). The slowdown reference (`alone_s`) is
+a table of every whole prompt size, kept the same way. Power (`batch_power_w`) depends
+on each run's blocks, so it stays one compiled call per machine type.
+
 The strategy interface is reached through `iteration_s` / `power_w` below, the one place
 that knows how a strategy is called.
 """
