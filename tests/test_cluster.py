@@ -579,3 +579,29 @@ def test_count_mixture_gradient_finite_in_float32():
     np.testing.assert_allclose(m32, m64, rtol=1e-5)
     # Poisson: E[N] = lam and E[N^2] = lam + lam^2, exactly, in float64.
     np.testing.assert_allclose(m64, np.stack([lam, lam + lam**2]), rtol=1e-12)
+
+
+def test_trace_windows_one_at_a_time_equal_the_vectorised_batch(monkeypatch):
+    """On CPU a trace's windows are evaluated one at a time (`window._per_row`, `lax.map`:
+    each window's fixed points stop when it has converged); `jax.vmap` over them, the
+    accelerator's path, gives the same answer. Tolerance 1e-12 relative: float64
+    round-off of reordered reductions, nothing a loop's exit could move (one more Newton
+    or regula falsi step moves a root by far more)."""
+    import pandas as pd
+
+    from splitwise_jax.cluster import window
+    from splitwise_jax.cluster.workload import Workload, coarsen
+
+    rng = np.random.default_rng(1)
+    base = coarsen(workload("coding", 1.0), 8, 8)
+    n = 600  # bursts of mean 6 at 30 req/s: windows from idle to overloaded
+    t = np.repeat(np.cumsum(rng.exponential(6.0 / 30.0, n)), rng.geometric(1.0 / 6.0, n))[:n]
+    p, o = _sample_sizes(base, n, rng)
+    df = pd.DataFrame({"arrival_s": t, "prompt_tokens": p, "output_tokens": o})
+    wl = Workload.from_trace(df, arrival="trace", n_prompt_bins=8, n_output_bins=8)
+    c = make_cluster("splitwise-hh", 6.0, 2.0)
+    one_at_a_time = jax.tree_util.tree_map(np.asarray, jax.jit(lambda w: evaluate(c, w, HORIZON_S))(wl))
+    monkeypatch.setattr(window, "_per_row", lambda fn, *xs: jax.vmap(fn)(*xs))
+    batched = jax.tree_util.tree_map(np.asarray, jax.jit(lambda w: evaluate(c, w, HORIZON_S))(wl))
+    for a, b in zip(jax.tree_util.tree_leaves(one_at_a_time), jax.tree_util.tree_leaves(batched)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-300)

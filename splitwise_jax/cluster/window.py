@@ -80,6 +80,21 @@ def _bursts(prof) -> Burstiness:
     return Burstiness(prof.idc, jnp.broadcast_to(prof.idc_scale_s, prof.idc.shape))
 
 
+def _per_row(fn, *xs):
+    """`jax.vmap(fn)(*xs)`, but one row at a time (`lax.map`) on CPU.
+
+    Each row solves its own fixed points (pool Newton steps, the drafting and
+    overflow shares: `while_loop`s). Vectorised, every loop runs until the slowest
+    row has converged, each exit a select over the batch, and its arrays grow by the
+    batch; on CPU one row at a time is faster (as `sweep` and `cluster.batched` map a
+    grid), the same values up to round-off (a converged row's loop state is left as it
+    is either way). An accelerator keeps the vectorised batch.
+    """
+    if jax.default_backend() != "cpu":
+        return jax.vmap(fn)(*xs)
+    return jax.lax.map(lambda row: fn(*row), xs)
+
+
 def window_loads(strategy, cluster, cls: Classes, lam, prof, res: Resolution, window_s=None) -> WindowLoads:
     """Stage 1: each window's flows, read as the load the backlog fluid needs."""
     def load(rel, b):
@@ -91,7 +106,7 @@ def window_loads(strategy, cluster, cls: Classes, lam, prof, res: Resolution, wi
         first, capacity = strategy.window_load(cluster, cls, rate, flows)
         return first, st.mean_prompt_s, capacity, decode_s
 
-    return WindowLoads(*jax.vmap(load)(prof.rate_rel, _bursts(prof)))
+    return WindowLoads(*_per_row(load, prof.rate_rel, _bursts(prof)))
 
 
 def window_regimes(cluster, cls: Classes, prof, loads: WindowLoads) -> Regimes:
@@ -168,7 +183,7 @@ def window_components(strategy, cluster, cls: Classes, lam, prof, regimes: Regim
         flows = flows._replace(prompt_routes=prompts, decode_routes=decodes)
         return Mixtures(*(m._replace(weight=m.weight * w) for m in components(cluster, cls, flows, res)))
 
-    per_regime = jax.vmap(one)(*regimes)
+    per_regime = _per_row(one, *regimes)
     return Mixtures(*(merge_routes(m) for m in per_regime))
 
 

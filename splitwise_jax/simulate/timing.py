@@ -24,6 +24,14 @@ last; `decode_block` returns the first iteration's time and the per-iteration in
 (the linear interpolant between the first and last iteration of the block), which the
 engine sums exactly. For the table strategy the increment is zero: the reference's rule.
 
+Tables are built once per process per strategy and size (`fast_timing`), and, when a
+command line has turned the persistent compilation cache on, kept on disk next to it
+(`splitwise_jax._array_cache`): a warm `python -m splitwise_jax.simulate` reads the very
+arrays back instead of tracing, loading and running the strategy's program (~0.4-0.7 s
+of a 2-core machine for the calibrated strategy). The slowdown reference (`alone_s`) is
+a table of every whole prompt size, kept the same way. Power (`batch_power_w`) depends
+on each run's blocks, so it stays one compiled call per machine type.
+
 The strategy interface is reached through `iteration_s` / `power_w` below, the one place
 that knows how a strategy is called.
 """
@@ -80,7 +88,37 @@ def alone_s(timing, prompt_tokens):
     p = np.asarray(prompt_tokens, dtype=np.float64)
     if p.size == 0:
         return np.zeros(0), np.zeros(0)
+    top = float(p.max())
+    if p.min() >= 0 and top <= _ALONE_TABLE_MAX and np.array_equal(p, np.round(p)):
+        # Whole prompt sizes (every trace's): read a table of every size up to a power
+        # of two, the same values (the strategy is elementwise in the prompt size), kept
+        # per strategy in the process and on disk, so that another trace of the same
+        # machine type needs no program at all.
+        n = max(_CHUNK, 1 << int(top).bit_length())
+        t = _alone_table(timing, n)
+        i = p.astype(np.int64)
+        return t[0][i], t[1][i]
     return _chunked(_alone_eval, timing, p)
+
+
+# Whole prompt sizes up to this are read from a table (`alone_s`); larger ones evaluated.
+_ALONE_TABLE_MAX = 1 << 20
+_ALONE: dict = {}
+
+
+def _alone_table(timing, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT, TBT) alone at every whole prompt size 0 .. n - 1."""
+    key = (_fingerprint(timing), n)
+    if key not in _ALONE:
+        def build():
+            ttft, tbt = _chunked(_alone_eval, timing, np.arange(n, dtype=np.float64))
+            return {"ttft": ttft, "tbt": tbt}
+
+        t = _stored("alone", timing, n, build)
+        if len(_ALONE) >= _CACHE_SIZE:
+            _ALONE.pop(next(iter(_ALONE)))
+        _ALONE[key] = (t["ttft"], t["tbt"])
+    return _ALONE[key]
 
 
 # Plain `jax.jit`, not `_exported.cached_jit`: tried 2026-12-03, a warm run then skips
@@ -145,6 +183,17 @@ def exact_iteration_s(timing, P, n, S, B, C) -> np.ndarray:
     return _chunked(_eval, timing, P, n, S, B, C)[0]
 
 
+def _stored(name: str, timing, sizes, build) -> dict[str, np.ndarray]:
+    """`build()`, tables of a strategy at these sizes; when a CLI has turned the
+    compilation cache on, read from disk if an earlier run built the same ones (the
+    same arrays: `_array_cache`), so a warm run needs no program for them."""
+    from splitwise_jax import _array_cache
+    leaves, treedef = jax.tree_util.tree_flatten(timing)
+    leaves = [np.asarray(x) for x in leaves]
+    parts = (str(treedef), *((x.shape, str(x.dtype), x.tobytes()) for x in leaves), sizes)
+    return _array_cache.cached_arrays(name, parts, build)
+
+
 class FastTiming:
     """Iteration times of one machine type as plain Python floats (see module docstring)."""
 
@@ -171,29 +220,39 @@ class TableTiming(FastTiming):
         self.timing = timing
         self.max_tokens = int(max_tokens)
         self.max_batch = int(max_batch)
-        self._prompt: list[float] = []
-        self._mixed: list[float] = []
-        self._token: list[float] = []
-        self._extend_tokens(max_tokens)
-        self._extend_batch(max_batch)
+        t = _stored("TableTiming", self.timing, (self.max_tokens, self.max_batch), self._tables)
+        self._prompt: list[float] = t["prompt"].tolist()
+        self._mixed: list[float] = t["mixed"].tolist()
+        self._token: list[float] = t["token"].tolist()
+
+    def _tables(self) -> dict[str, np.ndarray]:
+        return {**self._token_rows(0, self.max_tokens), "token": self._batch_rows(0, self.max_batch)}
+
+    def _token_rows(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        x = np.arange(lo, hi + 1, dtype=np.float64)
+        z, one = np.zeros_like(x), np.ones_like(x)
+        # prompt-only: x tokens in one prompt; mixed: x - 1 prompt tokens and one decode.
+        return {"prompt": exact_iteration_s(self.timing, x, one, x * x, z, z),
+                "mixed": exact_iteration_s(self.timing, np.maximum(x - 1, 0), one, x * x, one, x)}
+
+    def _batch_rows(self, lo: int, hi: int) -> np.ndarray:
+        x = np.arange(lo, hi + 1, dtype=np.float64)
+        z = np.zeros_like(x)
+        return exact_iteration_s(self.timing, z, z, z, x, x * 1000.0)
 
     def _extend_tokens(self, hi: int) -> None:
         lo = len(self._prompt)
         if hi < lo:
             return
-        x = np.arange(lo, hi + 1, dtype=np.float64)
-        z, one = np.zeros_like(x), np.ones_like(x)
-        # prompt-only: x tokens in one prompt; mixed: x - 1 prompt tokens and one decode.
-        self._prompt += exact_iteration_s(self.timing, x, one, x * x, z, z).tolist()
-        self._mixed += exact_iteration_s(self.timing, np.maximum(x - 1, 0), one, x * x, one, x).tolist()
+        rows = self._token_rows(lo, hi)
+        self._prompt += rows["prompt"].tolist()
+        self._mixed += rows["mixed"].tolist()
 
     def _extend_batch(self, hi: int) -> None:
         lo = len(self._token)
         if hi < lo:
             return
-        x = np.arange(lo, hi + 1, dtype=np.float64)
-        z = np.zeros_like(x)
-        self._token += exact_iteration_s(self.timing, z, z, z, x, x * 1000.0).tolist()
+        self._token += self._batch_rows(lo, hi).tolist()
 
     def iteration(self, P, n, S, B, C):
         if B == 0:
@@ -260,39 +319,54 @@ class GridTiming(FastTiming):
         self._build()
 
     def _build(self) -> None:
+        sizes = (self.max_tokens, self.max_batch, self.max_context, self.CTX_POINTS, self.P_POINTS,
+                 self.N_PROMPTS, self.U_POINTS, self.B_POINTS, self.M_POINTS, self.MIX_PROMPTS)
+        t = _stored("GridTiming", self.timing, sizes, self._tables)
+        # the event loop reads Python lists (faster per element than NumPy indexing)
+        self._p_t = t["p_t"].tolist()
+        self._d_m = t["d_m"].tolist()
+        self._d_t = t["d_t"].tolist()
+        self._s_p, self._s_n, self._s_u = t["s_p"].tolist(), t["s_n"].tolist(), t["s_u"].tolist()
+        self._s_d = t["s_d"]
+        self._x_k, self._x_b, self._x_m = t["x_k"].tolist(), t["x_b"].tolist(), t["x_m"].tolist()
+        self._x_d = t["x_d"]
+
+    def _tables(self) -> dict[str, np.ndarray]:
         Pmax, Bmax, Mmax = self.max_tokens, self.max_batch, self.max_context
         ev = self._eval
+        t = {}
         # one prompt of every integer size
         x = np.arange(0, Pmax + 1, dtype=np.float64)
         z = np.zeros_like(x)
-        self._p_t = ev(x, (x > 0) * 1.0, x * x, z, z).tolist()
+        t["p_t"] = ev(x, (x > 0) * 1.0, x * x, z, z)
         # decode-only: every integer B x log grid of mean context
         m = np.geomspace(1.0, Mmax * 1.05, self.CTX_POINTS)
         b = np.arange(0, Bmax + 1, dtype=np.float64)
         bb, mm = np.meshgrid(b, m, indexing="ij")
         zz = np.zeros_like(bb)
-        self._d_m = m.tolist()
-        self._d_t = [row.tolist() for row in ev(zz, zz, zz, bb, bb * mm)]
+        t["d_m"] = m
+        t["d_t"] = ev(zz, zz, zz, bb, bb * mm)
         # splitting P into n prompts with S = u P^2
         gp = np.unique(np.round(np.geomspace(1, Pmax, self.P_POINTS)))
         gn = np.arange(1, self.N_PROMPTS + 1, dtype=np.float64)
-        gu = np.asarray(self.U_POINTS)
+        gu = np.asarray(self.U_POINTS, dtype=np.float64)
         P3, N3, U3 = np.meshgrid(gp, gn, gu, indexing="ij")
         base = ev(P3, np.ones_like(P3), P3 * P3, 0 * P3, 0 * P3)
-        self._s_p, self._s_n, self._s_u = gp.tolist(), gn.tolist(), gu.tolist()
-        self._s_d = ev(P3, N3, U3 * P3 * P3, 0 * P3, 0 * P3) - base
+        t["s_p"], t["s_n"], t["s_u"] = gp, gn, gu
+        t["s_d"] = ev(P3, N3, U3 * P3 * P3, 0 * P3, 0 * P3) - base
         # adding B decodes of mean context m to n equal prompts of P tokens in all
         gb = np.unique(np.round(np.geomspace(1, Bmax, self.B_POINTS)))
         gm = np.geomspace(1.0, Mmax * 1.05, self.M_POINTS)
         gk = np.asarray(self.MIX_PROMPTS, dtype=np.float64)
         P4, K4, B4, M4 = np.meshgrid(gp, gk, gb, gm, indexing="ij")
         S4 = P4 * P4 / K4
-        self._x_k, self._x_b, self._x_m = gk.tolist(), gb.tolist(), gm.tolist()
+        t["x_k"], t["x_b"], t["x_m"] = gk, gb, gm
         # the prompts alone depend on (P, k) only: evaluated once per pair, not once per
         # (B, m) as well (115,200 of the set-up's ~276,000 strategy evaluations)
         P2, K2 = np.meshgrid(gp, gk, indexing="ij")
         alone = ev(P2, K2, P2 * P2 / K2, 0 * P2, 0 * P2)
-        self._x_d = ev(P4, K4, S4, B4, B4 * M4) - alone[:, :, None, None]
+        t["x_d"] = ev(P4, K4, S4, B4, B4 * M4) - alone[:, :, None, None]
+        return t
 
     def _eval(self, P, n, S, B, C):
         shape = np.shape(P)
