@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "splitwise_jax"
 
 #: Layers, lowest first. A module may import its own layer and those below it.
 LAYERS = (
-    "core",      # top-level private utilities: _smooth, _validate, _paths, _exported
+    "core",      # top-level private utilities: _smooth, _validate, _paths, _exported, _array_cache
     "specs",     # specs/
     "phases",    # phases/
     "cluster",   # cluster/
@@ -35,7 +35,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 FOLDER_LAYER = {"specs": "specs", "phases": "phases", "cluster": "cluster", "io": "io", "cli": "edge",
                 "calibrate": "models", "optimize": "models", "simulate": "simulate"}
 TOP_LAYER = {"_smooth": "core", "_validate": "core", "_paths": "core", "_exported": "core", "_tables": "core",
-             "_roots": "core", "_batching": "core",
+             "_roots": "core", "_batching": "core", "_array_cache": "core",
              "uncertainty": "analysis", "sweep": "analysis", "evaluate": "edge", "predict": "edge"}
 #: Packages whose __init__ is a public face (re-exports across the package, and `main`).
 FACES = {"splitwise_jax", "splitwise_jax.calibrate", "splitwise_jax.optimize", "splitwise_jax.simulate"}
