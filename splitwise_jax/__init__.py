@@ -15,6 +15,8 @@ from splitwise_jax.specs.catalog import get_gpu as get_gpu
 from splitwise_jax.specs.catalog import get_llm as get_llm
 from splitwise_jax.specs.catalog import get_machine as get_machine
 from splitwise_jax.specs.catalog import load_specs as load_specs
+from splitwise_jax.specs.catalog import llm_names as llm_names
+from splitwise_jax.specs.catalog import machine_names as machine_names
 from splitwise_jax.cluster.cluster import Cluster as Cluster
 from splitwise_jax.cluster.cluster import ClusterMetrics as ClusterMetrics
 from splitwise_jax.cluster.cluster import Resolution as Resolution
@@ -33,6 +35,9 @@ from splitwise_jax.cluster.designs import Pool as Pool
 from splitwise_jax.cluster.designs import build_cluster as build_cluster
 from splitwise_jax.cluster.designs import make_cluster as make_cluster
 from splitwise_jax.cluster.designs import make_timing as make_timing
+from splitwise_jax.cluster.designs import PHASE_MODELS as PHASE_MODELS
+# One compiled program for every design of a strategy: names are static pytree metadata.
+from splitwise_jax.cluster.designs import uniform_names as uniform_names
 from splitwise_jax.specs.hardware import GPU as GPU
 from splitwise_jax.specs.hardware import Machine as Machine
 from splitwise_jax.specs.llm import LLM as LLM
@@ -45,6 +50,8 @@ from splitwise_jax.phases.phases import prompt_latency_s as prompt_latency_s
 from splitwise_jax.phases.phases import token_latency_s as token_latency_s
 from splitwise_jax.phases.kv_transfer import layerwise_transfer_s as layerwise_transfer_s
 from splitwise_jax.phases.kv_transfer import serialized_transfer_s as serialized_transfer_s
+from splitwise_jax.phases.memory import fits as fits
+from splitwise_jax.phases.power import provisioned_power_w as provisioned_power_w
 # The measured profiles the phase model is calibrated on (pandas is imported inside the
 # functions, so these cost `import splitwise_jax` nothing).
 from splitwise_jax.phases.profiles import load_profiles as load_profiles

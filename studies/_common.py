@@ -50,13 +50,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+import splitwise_jax as sj  # noqa: E402
 from splitwise_jax._batching import map_blocks  # noqa: E402
-from splitwise_jax.cluster.cluster import Cluster, Resolution, evaluate  # noqa: E402
 from splitwise_jax.cluster import metrics as _metrics  # noqa: E402
-from splitwise_jax.cluster.designs import DESIGNS, make_cluster, uniform_names  # noqa: E402
 from splitwise_jax.optimize import (OptimizeResult, Problem, SolverConfig, optimize, reference_budget,  # noqa: E402
                                     search_boundary)
-from splitwise_jax.cluster.workload import Workload, coarsen, workload  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 HORIZON_S = 120.0  # the paper's and SplitwiseSim's 2-minute traces
@@ -66,7 +64,7 @@ HORIZON_S = 120.0  # the paper's and SplitwiseSim's 2-minute traces
 # fresh caches: XLA compiles the same loops either way), while the default lets a smoke
 # run load the optimiser programs tests/test_optimize.py compiles (same 8 x 8 class grid)
 # from the suite's shared compilation cache: Splitwise-HH's first sizing 47 -> 6 s.
-RESOLUTION = Resolution()
+RESOLUTION = sj.Resolution()
 CHUNK = 16 if SMOKE else 64
 # Full runs also compile an 8-wide program for small calls (a single configuration's
 # rate search would otherwise pad 1 point to 64); smoke runs keep one program.
@@ -74,8 +72,8 @@ SMALL_CHUNK = CHUNK if SMOKE else 8
 _SMOKE_BINS = 8
 _FULL_SHAPE = (32, 32)  # coding has 28 x 32 classes, conversation 32 x 32: pad to one grid
 STUDIES_DIR = Path(__file__).resolve().parent
-SPLITWISE = tuple(d for d, s in DESIGNS.items() if s.strategy.token_pool)
-BASELINES = tuple(d for d, s in DESIGNS.items() if not s.strategy.token_pool)
+SPLITWISE = tuple(d for d, s in sj.DESIGNS.items() if s.strategy.token_pool)
+BASELINES = tuple(d for d, s in sj.DESIGNS.items() if not s.strategy.token_pool)
 ALL_DESIGNS = BASELINES + SPLITWISE
 COLOURS = {"baseline-a100": "tab:gray", "baseline-h100": "black", "splitwise-aa": "tab:blue",
            "splitwise-hh": "tab:red", "splitwise-ha": "tab:green", "splitwise-hhcap": "tab:orange"}
@@ -200,23 +198,23 @@ def print_frame(df: pd.DataFrame, title: str, cols: Sequence[str] | None = None)
 # Workloads and clusters
 
 
-def study_workload(name: str, rate_per_s: float = 70.0) -> Workload:
+def study_workload(name: str, rate_per_s: float = 70.0) -> sj.Workload:
     """A preset workload on the studies' common class grid.
 
     Full runs: the preset's ~30 x 32 classes padded with zero-weight classes to 32 x 32
     (percentiles unchanged) so coding and conversation share compiled programs. Smoke
     runs: coarsened to 8 x 8 classes (tails move by ~10-30%; see `coarsen`).
     """
-    wl = workload(name, rate_per_s)
+    wl = sj.load_workload(name, rate_per_s)
     if SMOKE:
-        wl = coarsen(wl, _SMOKE_BINS, _SMOKE_BINS)
+        wl = sj.coarsen(wl, _SMOKE_BINS, _SMOKE_BINS)
         shape = (_SMOKE_BINS, _SMOKE_BINS)
     else:
         shape = _FULL_SHAPE
     return _pad(wl, *shape)
 
 
-def _pad(wl: Workload, k: int, m: int) -> Workload:
+def _pad(wl: sj.Workload, k: int, m: int) -> sj.Workload:
     k0, m0 = wl.weights.shape
     if k0 > k or m0 > m:
         raise ValueError(f"workload {wl.name} has {k0} x {m0} classes, more than the grid {k} x {m}")
@@ -226,14 +224,14 @@ def _pad(wl: Workload, k: int, m: int) -> Workload:
     return dataclasses.replace(wl, prompt_tokens=p, output_tokens=o, weights=w, name="study")
 
 
-def cluster(design: str, n_prompt: float = 1.0, n_token: float = 1.0, **kw) -> Cluster:
+def cluster(design: str, n_prompt: float = 1.0, n_token: float = 1.0, **kw) -> sj.Cluster:
     """`make_cluster` with uniform static names (pool sizes are replaced by sweeps)."""
-    split = DESIGNS[design].strategy.token_pool
-    return uniform_names(make_cluster(design, n_prompt, n_token if split else 0.0, **kw))
+    split = sj.DESIGNS[design].strategy.token_pool
+    return sj.uniform_names(sj.make_cluster(design, n_prompt, n_token if split else 0.0, **kw))
 
 
 def is_baseline(design: str) -> bool:
-    return not DESIGNS[design].strategy.token_pool
+    return not sj.DESIGNS[design].strategy.token_pool
 
 
 def kv_bandwidth_of_gbps(gbps_per_gpu, gpus: int = 8, link_eff: float = KV_LINK_EFF):
@@ -243,39 +241,37 @@ def kv_bandwidth_of_gbps(gbps_per_gpu, gpus: int = 8, link_eff: float = KV_LINK_
 
 def machine_cost(design: str) -> tuple[float, float]:
     """($/h of a prompt machine, of a token machine) of a design."""
-    c = make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
+    c = sj.make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
     return float(c.prompt.machine.cost_per_hour), float(c.token.machine.cost_per_hour)
 
 
 def machine_power_kw(design: str) -> tuple[float, float]:
     """(provisioned kW of a prompt machine, of a token machine, at their caps)."""
-    from splitwise_jax.phases.power import provisioned_power_w
-
-    c = make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
-    return (float(provisioned_power_w(c.prompt.machine, c.prompt.cap_frac)) / 1e3,
-            float(provisioned_power_w(c.token.machine, c.token.cap_frac)) / 1e3)
+    c = sj.make_cluster(design, 1.0, 1.0 if not is_baseline(design) else 0.0)
+    return (float(sj.provisioned_power_w(c.prompt.machine, c.prompt.cap_frac)) / 1e3,
+            float(sj.provisioned_power_w(c.token.machine, c.token.cap_frac)) / 1e3)
 
 
 # --------------------------------------------------------------------------------------
 # Sweeps
 
 
-def _with(c: Cluster, n_p, n_t, bw) -> Cluster:
+def _with(c: sj.Cluster, n_p, n_t, bw) -> sj.Cluster:
     return c.replace(n_prompt=n_p, n_token=n_t,
                      transfer=dataclasses.replace(c.transfer, bandwidth_bytes_per_s=bw))
 
 
 @jax.jit
-def _sweep_chunk(c: Cluster, wl: Workload, n_p, n_t, rate, bw):
+def _sweep_chunk(c: sj.Cluster, wl: sj.Workload, n_p, n_t, rate, bw):
     def one(n_p, n_t, rate, bw):
-        return evaluate(_with(c, n_p, n_t, bw), wl.with_rate(rate), HORIZON_S, resolution=RESOLUTION)
+        return sj.evaluate(_with(c, n_p, n_t, bw), wl.with_rate(rate), HORIZON_S, resolution=RESOLUTION)
 
     # lax.map, not vmap: on CPU a row at a time runs faster (the model's inner loops stop
     # per row) and compiles faster (splitwise_jax.sweep.default_batch_size).
     return jax.lax.map(lambda a: one(*a), (n_p, n_t, rate, bw))
 
 
-def sweep(c: Cluster, wl: Workload, *, n_prompt=None, n_token=None, rate=None, kv_bandwidth=None) -> pd.DataFrame:
+def sweep(c: sj.Cluster, wl: sj.Workload, *, n_prompt=None, n_token=None, rate=None, kv_bandwidth=None) -> pd.DataFrame:
     """Evaluate `c` on `wl` at many points; arguments broadcast to one 1-D length.
 
     Args:
@@ -324,7 +320,7 @@ def search_tol() -> float:
     return 5e-3 if SMOKE else 5e-4
 
 
-def throughput_at_slo(c: Cluster, wl: Workload, n_prompt, n_token=0.0, *, kv_bandwidth=None, r_lo: float = 1.0,
+def throughput_at_slo(c: sj.Cluster, wl: sj.Workload, n_prompt, n_token=0.0, *, kv_bandwidth=None, r_lo: float = 1.0,
                       r_hi: float = 400.0, criterion: str = "slo") -> np.ndarray:
     """The highest arrival rate at which each configuration meets every SLO (req/s).
 
@@ -371,14 +367,14 @@ def _scale_timing(t, hbm, flops, cap):
     return dataclasses.replace(t, machine=t.machine.replace(gpu=gpu), cap_frac=t.cap_frac * cap)
 
 
-def _outputs(theta, c: Cluster, wl: Workload):
+def _outputs(theta, c: sj.Cluster, wl: sj.Workload):
     e = dict(zip(THETA, jnp.exp(theta)))
     c = c.replace(prompt=_scale_timing(c.prompt, e["hbm_bw_prompt"], e["flops_prompt"], e["cap_prompt"]),
                   token=_scale_timing(c.token, e["hbm_bw_token"], e["flops_token"], e["cap_token"]),
                   n_prompt=c.n_prompt * e["pools"], n_token=c.n_token * e["pools"],
                   transfer=dataclasses.replace(c.transfer, bandwidth_bytes_per_s=c.transfer.bandwidth_bytes_per_s
                                                * e["kv_bw"]))
-    m = evaluate(c, wl.with_rate(wl.rate_per_s * e["rate"]), HORIZON_S, resolution=RESOLUTION)
+    m = sj.evaluate(c, wl.with_rate(wl.rate_per_s * e["rate"]), HORIZON_S, resolution=RESOLUTION)
     lat = jnp.log(jnp.concatenate([m.ttft_s, m.tbt_s, m.e2e_s]))
     # The worst margin: `min` sends the gradient to the binding SLO (a.e. unique).
     return jnp.concatenate([jnp.min(m.slo_margin)[None], lat, jnp.log(m.throughput_rps)[None],
@@ -393,7 +389,7 @@ def _outputs(theta, c: Cluster, wl: Workload):
 # tracing 11.5 -> 4.7 s, compiling 45.6 -> 24.9 s, running 0.15 -> 0.08 s (XLA's
 # defaults); 11.8 -> 5.6, 26.4 -> 13.1 and 0.39 -> 0.25 s with the test suite's flags.
 @jax.jit
-def _jacobian_chunk(c: Cluster, wl: Workload, n_p, n_t, rate, bw):
+def _jacobian_chunk(c: sj.Cluster, wl: sj.Workload, n_p, n_t, rate, bw):
     def one(point):
         n_p, n_t, rate, bw = point
         args = (_with(c, n_p, n_t, bw), wl.with_rate(rate))
@@ -403,7 +399,7 @@ def _jacobian_chunk(c: Cluster, wl: Workload, n_p, n_t, rate, bw):
     return jax.lax.map(one, (n_p, n_t, rate, bw))
 
 
-def margin_jacobian(c: Cluster, wl: Workload, n_prompt, n_token, rate,
+def margin_jacobian(c: sj.Cluster, wl: sj.Workload, n_prompt, n_token, rate,
                     kv_bandwidth=None) -> tuple[np.ndarray, np.ndarray]:
     """Values and Jacobians of `OUTPUTS` w.r.t. the log-multipliers `THETA` at each point.
 
@@ -484,12 +480,12 @@ def solver_config() -> SolverConfig:
     return SolverConfig(resolution=RESOLUTION)
 
 
-def solve(design: str, wl: Workload, problem: Problem, model: str = "bloom-176b") -> OptimizeResult:
+def solve(design: str, wl: sj.Workload, problem: Problem, model: str = "bloom-176b") -> OptimizeResult:
     """`splitwise_jax.optimize.optimize` on one design (pool sizes are the optimiser's).
 
     Raises whatever the optimiser raises: a failure fails the study.
     """
-    c = make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model)
+    c = sj.make_cluster(design, 1.0, 0.0 if is_baseline(design) else 1.0, model=model)
     return optimize(c, wl, problem, solver_config())
 
 

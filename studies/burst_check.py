@@ -26,12 +26,8 @@ import pandas as pd
 
 jax.config.update("jax_enable_x64", True)
 
-from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+import splitwise_jax as sj  # noqa: E402
 from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
-from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
-from splitwise_jax.simulate import simulate  # noqa: E402
-from splitwise_jax.simulate.trace import RequestTrace  # noqa: E402
-from splitwise_jax.cluster.workload import Workload, coarsen, workload  # noqa: E402
 
 RATE = 40.0
 N_REQUESTS = 4_000
@@ -44,7 +40,7 @@ PCTS = KEYS  # ("p50", "p90", "p99")
 def traces(seed: int = 0):
     """(prompt tokens, output tokens, {name: arrival times})."""
     rng = np.random.default_rng(seed)
-    base = coarsen(workload("coding", 1.0), 8, 8)
+    base = sj.coarsen(sj.load_workload("coding", 1.0), 8, 8)
     sizes = rng.geometric(1.0 / MEAN_BATCH, N_REQUESTS)
     bursty = np.repeat(np.cumsum(rng.exponential(MEAN_BATCH / RATE, N_REQUESTS)), sizes)[:N_REQUESTS]
     poisson = np.cumsum(rng.exponential(1.0 / RATE, N_REQUESTS))
@@ -65,12 +61,12 @@ def main(argv=None) -> int:
     p, o, arrivals = traces()
     rows = []
     for design, n_p, n_t in CLUSTERS:
-        cluster = make_cluster(design, n_p, n_t) if n_t else make_cluster(design, n_p)
+        cluster = sj.make_cluster(design, n_p, n_t) if n_t else sj.make_cluster(design, n_p)
         for name, t in arrivals.items():
             df = pd.DataFrame({"arrival_s": t, "prompt_tokens": p, "output_tokens": o})
-            wl = Workload.from_trace(df, rate_per_s=RATE, arrival="trace", n_prompt_bins=8, n_output_bins=8)
-            fluid = evaluate(cluster, wl, 120.0)
-            sim = simulate(cluster, RequestTrace.from_arrays(t - t[0], p, o, name=name)).metrics
+            wl = sj.Workload.from_trace(df, rate_per_s=RATE, arrival="trace", n_prompt_bins=8, n_output_bins=8)
+            fluid = sj.evaluate(cluster, wl, 120.0)
+            sim = sj.simulate(cluster, sj.RequestTrace.from_arrays(t - t[0], p, o, name=name)).metrics
             row = {"design": design, "n_prompt": n_p, "n_token": n_t, "arrivals": name,
                    "rho_prompt": float(fluid.rho_prompt_pool)}
             for met in ("ttft", "tbt"):

@@ -42,12 +42,12 @@ import pandas as pd
 
 import _common as C
 
-from splitwise_jax.specs import catalog
+import splitwise_jax as sj
+# The model function itself, not `sj.evaluate`: `ordering` vmaps it on purpose over
+# machines and rates (one vectorised program), which `sj.evaluate` would map row by row.
 from splitwise_jax.cluster.cluster import evaluate
-from splitwise_jax.cluster.designs import Design, Pool, build_cluster, uniform_names
 from splitwise_jax.evaluate import main as evaluate_main
 from splitwise_jax.optimize import main as optimize_main
-from splitwise_jax.cluster.workload import workload
 
 STUDY = "catalogue_pairs"
 RATE = 20.0  # req/s of coding: a load every model can meet with a pool of its machines
@@ -111,13 +111,13 @@ def one_pair(machine: str, model: str) -> dict:
 
 def ordering(model: str, machines) -> pd.DataFrame:
     """Colocated (chunked, 512) pools of 4 machines of each type at the same loads."""
-    llm = catalog.get_llm(model)
+    llm = sj.get_llm(model)
     ok = [m for m in machines if _fits(llm, m)]
     if "dgx-h100" not in ok:
         llm = llm.replace(name=f"{model}[weight=fp8]", weight_dtype="fp8")
         ok = [m for m in machines if _fits(llm, m)]
-    wl = workload("coding")
-    cs = [uniform_names(build_cluster(Design("x", (Pool("colocated", m, 4),), chunked_prefill_tokens=512.0),
+    wl = sj.load_workload("coding")
+    cs = [sj.uniform_names(sj.build_cluster(sj.Design("x", (sj.Pool("colocated", m, 4),), chunked_prefill_tokens=512.0),
                                       model=llm)) for m in ok]
     stacked = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *cs)
     rates = jnp.asarray(ORDER_RATES)
@@ -141,9 +141,7 @@ def ordering(model: str, machines) -> pd.DataFrame:
 
 
 def _fits(llm, machine: str) -> bool:
-    from splitwise_jax.phases.memory import fits
-
-    return fits(llm, catalog.get_machine(machine))
+    return sj.fits(llm, sj.get_machine(machine))
 
 
 def main(argv=None) -> int:
@@ -153,8 +151,8 @@ def main(argv=None) -> int:
 
     args = C.parse_args(STUDY, __doc__, argv, extra)
     t0 = C.banner(STUDY)
-    models = args.models.split(",") if args.models else catalog.llm_names()
-    machines = args.machines.split(",") if args.machines else catalog.machine_names()
+    models = args.models.split(",") if args.models else sj.llm_names()
+    machines = args.machines.split(",") if args.machines else sj.machine_names()
     pairs = SMOKE_PAIRS if C.SMOKE else [(m, l) for l in models for m in machines]
     rows = []
     for k, (machine, model) in enumerate(pairs):

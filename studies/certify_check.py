@@ -40,11 +40,8 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from splitwise_jax.cluster.designs import DESIGNS, make_cluster  # noqa: E402
-from splitwise_jax.cluster.workload import workload  # noqa: E402
-from splitwise_jax.optimize.cli import main as optimize_main  # noqa: E402
-from splitwise_jax.simulate import simulate  # noqa: E402
-from splitwise_jax.simulate.trace import poisson  # noqa: E402
+import splitwise_jax as sj  # noqa: E402
+from splitwise_jax.optimize import main as optimize_main  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 HORIZON_S = 120.0  # the optimiser's problem window (Problem.horizon_s)
@@ -54,7 +51,7 @@ FRESH_BASE = 1000  # fresh seeds: 1000, 1001, ... (certificates use 0..K-1)
 def problems(n: int | None, sample_seed: int = 2026) -> list[dict]:
     """Every problem of the grid, or a random sample of n of them."""
     grid = [dict(design=d, workload=w, model=m, rate=r, objective=o)
-            for d, w, m, r, o in itertools.product(sorted(DESIGNS), ("coding", "conversation"),
+            for d, w, m, r, o in itertools.product(sorted(sj.DESIGNS), ("coding", "conversation"),
                                                    ("bloom-176b", "llama2-70b"), (30, 50, 70, 90, 110),
                                                    ("cost", "power"))]
     if n is None or n >= len(grid):
@@ -78,7 +75,7 @@ def run_optimize(p: dict, extra: list[str] = ()) -> dict:
 
 
 def fresh_verdicts(cluster, wl, rate, seeds) -> list[bool]:
-    return [bool(simulate(cluster, poisson(wl, rate, HORIZON_S, s), power=False).metrics["meets_slo"])
+    return [bool(sj.simulate(cluster, sj.poisson_trace(wl, rate, HORIZON_S, s), power=False).metrics["meets_slo"])
             for s in seeds]
 
 
@@ -90,9 +87,9 @@ def judge(p: dict, out: dict, fresh: list[int]) -> dict:
     kw = dict(model=p["model"], prompt_cap_frac=a["prompt_cap_frac"])
     if splitwise:
         kw["token_cap_frac"] = a["token_cap_frac"]
-    wl = workload(p["workload"], float(p["rate"]))
-    build = (lambda pp, tt: make_cluster(p["design"], float(pp), float(tt), **kw)) if splitwise else \
-        (lambda pp, tt: make_cluster(p["design"], float(pp), **kw))
+    wl = sj.load_workload(p["workload"], float(p["rate"]))
+    build = (lambda pp, tt: sj.make_cluster(p["design"], float(pp), float(tt), **kw)) if splitwise else \
+        (lambda pp, tt: sj.make_cluster(p["design"], float(pp), **kw))
     safe = fresh_verdicts(build(n_p, n_t), wl, p["rate"], fresh)
     neighbours = [(n_p - 1, n_t)] + ([(n_p, n_t - 1)] if splitwise else [])
     neighbours = [(pp, tt) for pp, tt in neighbours if pp >= 1 and (tt >= 1 or not splitwise)]

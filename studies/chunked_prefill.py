@@ -46,12 +46,9 @@ import pandas as pd
 import _common as C
 
 from splitwise_jax.specs import paper
-from splitwise_jax.cluster.cluster import Scheduling, evaluate
-from splitwise_jax.cluster.designs import make_cluster, uniform_names
+import splitwise_jax as sj
 from splitwise_jax.cli.evaluate import metrics_to_dict
 from splitwise_jax.optimize import Problem, optimize
-from splitwise_jax.simulate import SimConfig, simulate, trace
-from splitwise_jax.cluster.workload import workload
 
 STUDY = "chunked_prefill"
 WORKLOADS = ("coding", "conversation")
@@ -85,16 +82,16 @@ _FLUID = {}
 
 def _fluid(cluster, wl, horizon_s):
     if "fn" not in _FLUID:
-        _FLUID["fn"] = jax.jit(evaluate)
-    return metrics_to_dict(_FLUID["fn"](uniform_names(cluster), wl, horizon_s))
+        _FLUID["fn"] = jax.jit(sj.evaluate)
+    return metrics_to_dict(_FLUID["fn"](sj.uniform_names(cluster), wl, horizon_s))
 
 
 def sim_check() -> pd.DataFrame:
     rows = []
     seen = set()
     for wl_name, model, machine, n, rate, budget in SIM_CONFIGS:
-        wl = workload(wl_name)
-        tr = trace.poisson(wl, rate, SIM_HORIZON_S, seed=0)
+        wl = sj.load_workload(wl_name)
+        tr = sj.poisson_trace(wl, rate, SIM_HORIZON_S, seed=0)
         for policy in ("chunked", "whole prompts"):
             key = (wl_name, model, machine, n, rate, budget if policy == "chunked" else None)
             if key in seen:  # whole prompts: one run per point, whatever the budget
@@ -102,17 +99,17 @@ def sim_check() -> pd.DataFrame:
             seen.add(key)
             base, chunked = PRESET[machine]
             if policy == "chunked":
-                c = make_cluster(chunked, n, model=model, chunked_prefill_tokens=budget)
+                c = sj.make_cluster(chunked, n, model=model, chunked_prefill_tokens=budget)
                 # The simulator runs a colocated cluster with the chunked-prefill policy.
-                sim_cluster, cfg = c.replace(kind="baseline", scheduling=Scheduling()), SimConfig(
+                sim_cluster, cfg = c.replace(kind="baseline", scheduling=sj.Scheduling()), sj.SimConfig(
                     chunked_prefill_tokens=int(budget))
             else:
-                c = make_cluster(base, n, model=model)
-                sim_cluster, cfg = c, SimConfig()
+                c = sj.make_cluster(base, n, model=model)
+                sim_cluster, cfg = c, sj.SimConfig()
             t0 = time.perf_counter()
             fm = _fluid(c, wl.with_rate(rate), SIM_HORIZON_S)
             t1 = time.perf_counter()
-            sm = simulate(sim_cluster, tr, cfg).metrics
+            sm = sj.simulate(sim_cluster, tr, cfg).metrics
             t2 = time.perf_counter()
             row = dict(workload=wl_name, model=model, machine=machine, machines=n, rate=rate,
                        token_budget=budget if policy == "chunked" else np.nan, policy=policy, requests=len(tr),
@@ -158,7 +155,7 @@ def sim_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def chunked_cluster(budget: float, machine: str = "dgx-h100"):
-    return uniform_names(make_cluster(PRESET[machine][1], 1.0, chunked_prefill_tokens=budget))
+    return sj.uniform_names(sj.make_cluster(PRESET[machine][1], 1.0, chunked_prefill_tokens=budget))
 
 
 def with_budget(c, budget: float):
@@ -168,7 +165,7 @@ def with_budget(c, budget: float):
 def budget_gradient(c, wl, rate: float) -> float:
     """d(worst SLO margin)/d(log budget) at the rate: the budget as a differentiable knob."""
     def margin(log_b):
-        m = evaluate(with_budget(c, jnp.exp(log_b)), wl.with_rate(rate), C.HORIZON_S, resolution=C.RESOLUTION)
+        m = sj.evaluate(with_budget(c, jnp.exp(log_b)), wl.with_rate(rate), C.HORIZON_S, resolution=C.RESOLUTION)
         return jnp.min(m.slo_margin)
 
     return float(jax.grad(margin)(jnp.log(c.scheduling.token_budget)))
@@ -228,7 +225,7 @@ def problems(wl_name: str, wl, best_budget: float, summary: list) -> list:
     rows = []
     thr = {s["design"]: s["throughput_at_slo"] for s in summary if s["workload"] == wl_name}
     target = thr["baseline-h100"]  # iso-throughput: what Baseline-H100's iso-power cluster sustains
-    h100 = make_cluster("baseline-h100", 1.0)
+    h100 = sj.make_cluster("baseline-h100", 1.0)
     unit_cost = float(h100.prompt.machine.cost_per_hour)
     unit_kw = float(h100.prompt.machine.provisioned_power_w) / 1e3
     chunk_name = f"chunked-h100 (C={best_budget:g})"
@@ -256,7 +253,7 @@ def problems(wl_name: str, wl, best_budget: float, summary: list) -> list:
                               ("iso-throughput-cost", Problem("cost", rate_per_s=target, max_machines=MAX_MACHINES)),
                               ("iso-throughput-power", Problem("power", rate_per_s=target,
                                                                max_machines=MAX_MACHINES))):
-            res = optimize(make_cluster(d, 1.0, 1.0), wl, problem, C.solver_config())
+            res = optimize(sj.make_cluster(d, 1.0, 1.0), wl, problem, C.solver_config())
             b = res.best
             if b is None:
                 rows.append(dict(workload=wl_name, problem=prob, design=d, n_prompt=np.nan, n_token=np.nan,

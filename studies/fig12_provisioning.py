@@ -32,6 +32,7 @@ import pandas as pd
 
 import _common as C
 
+import splitwise_jax as sj
 from splitwise_jax.specs import paper
 from splitwise_jax.optimize import Problem
 
@@ -43,7 +44,7 @@ def grids(design: str):
     """Prompt- and token-pool sizes searched (A100 prompt machines need about twice as many)."""
     if C.SMOKE:
         return np.array([20.0, 25, 30, 35, 40]), np.array([2.0, 5, 10, 20])
-    top = 100.0 if C.DESIGNS[design].prompt_machine == "dgx-a100" else 60.0
+    top = 100.0 if sj.DESIGNS[design].prompt_machine == "dgx-a100" else 60.0
     return np.round(np.linspace(10.0, top, 26)), np.arange(1.0, 41.0, 1.0)
 
 

@@ -38,10 +38,8 @@ import pandas as pd
 
 import _common as C
 
+import splitwise_jax as sj
 from splitwise_jax.specs import paper
-from splitwise_jax.phases import kv_transfer, phases
-from splitwise_jax.specs.catalog import get_llm, get_machine
-from splitwise_jax.phases.params import load_params
 
 STUDY = "fig14_15_kv_transfer"
 MODEL = "bloom-176b"
@@ -54,15 +52,15 @@ OPERATING_RATE = 70.0  # req/s, the paper's coding load
 
 
 def transfer_table(prompts) -> pd.DataFrame:
-    llm = get_llm(MODEL)
+    llm = sj.get_llm(MODEL)
     rows = []
     for link, (src_name, dst_name) in LINKS.items():
-        src, dst = get_machine(src_name), get_machine(dst_name)
-        params = load_params(src.gpu.name)
+        src, dst = sj.get_machine(src_name), sj.get_machine(dst_name)
+        params = sj.default_params(src.gpu.name)
         p = jnp.asarray(prompts, float)
-        prompt_s = phases.prompt_latency_s(params, src, llm, p)
-        ser = kv_transfer.serialized_transfer_s(params, src, dst, llm, p)
-        lw = kv_transfer.layerwise_transfer_s(params, src, dst, llm, p, prompt_s)
+        prompt_s = sj.prompt_latency_s(params, src, llm, p)
+        ser = sj.serialized_transfer_s(params, src, dst, llm, p)
+        lw = sj.layerwise_transfer_s(params, src, dst, llm, p, prompt_s)
         for i, n in enumerate(np.asarray(prompts)):
             rows.append(dict(link=link, prompt_tokens=float(n), prompt_s=float(prompt_s[i]),
                              serialized_s=float(ser[i]), layerwise_s=float(lw[i]),
@@ -93,19 +91,19 @@ def e2e_overhead(rates) -> pd.DataFrame:
 
 def second_token(prompts, batch_at_rate: dict) -> pd.DataFrame:
     """Second-token gap: transfer + t_d (+ join t_d / 2) against t_d, per prompt size."""
-    llm = get_llm(MODEL)
+    llm = sj.get_llm(MODEL)
     wl = C.study_workload("coding")
     median_out = float(wl.output_quantile(0.5))
     rows = []
     for design, b in batch_at_rate.items():
-        spec = C.DESIGNS[design]
-        src, dst = get_machine(spec.prompt_machine), get_machine(spec.token_machine)
-        ps, pd_ = load_params(src.gpu.name), load_params(dst.gpu.name)
+        spec = sj.DESIGNS[design]
+        src, dst = sj.get_machine(spec.prompt_machine), sj.get_machine(spec.token_machine)
+        ps, pd_ = sj.default_params(src.gpu.name), sj.default_params(dst.gpu.name)
         p = jnp.asarray(prompts, float)
-        prompt_s = phases.prompt_latency_s(ps, src, llm, p)
-        t_d = phases.token_latency_s(pd_, dst, llm, max(b, 1.0), p + 0.5 * median_out)
-        ser = kv_transfer.serialized_transfer_s(ps, src, dst, llm, p)
-        lw = kv_transfer.layerwise_transfer_s(ps, src, dst, llm, p, prompt_s)
+        prompt_s = sj.prompt_latency_s(ps, src, llm, p)
+        t_d = sj.token_latency_s(pd_, dst, llm, max(b, 1.0), p + 0.5 * median_out)
+        ser = sj.serialized_transfer_s(ps, src, dst, llm, p)
+        lw = sj.layerwise_transfer_s(ps, src, dst, llm, p, prompt_s)
         for i, n in enumerate(np.asarray(prompts)):
             rows.append(dict(design=design, prompt_tokens=float(n), token_batch=float(b), decode_iter_s=float(t_d[i]),
                              serialized_s=float(ser[i]), layerwise_s=float(lw[i]),

@@ -42,12 +42,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import azure_trace_csv  # noqa: E402
-from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
+import splitwise_jax as sj  # noqa: E402
 from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
-from splitwise_jax.cluster.designs import make_cluster  # noqa: E402
-from splitwise_jax.simulate import simulate  # noqa: E402
-from splitwise_jax.simulate.trace import RequestTrace  # noqa: E402
-from splitwise_jax.cluster.workload import Workload, load_trace  # noqa: E402
 
 SMOKE = os.environ.get("SPLITWISE_SMOKE", "") not in ("", "0")
 METRICS = ("ttft", "tbt", "e2e")
@@ -57,8 +53,8 @@ PHASE_MODEL = "splitwise-sim-table"
 
 def replays() -> dict[str, pd.DataFrame]:
     """name -> normalised trace (arrival_s, prompt_tokens, output_tokens)."""
-    code = load_trace(azure_trace_csv("coding"))
-    conv = load_trace(azure_trace_csv("conversation"))
+    code = sj.load_trace(azure_trace_csv("coding"))
+    conv = sj.load_trace(azure_trace_csv("conversation"))
     half = len(code) // 2
     out = {"code_450s": _compress(code, 450.0), "code_900s": _compress(code, 900.0),
            "code_first_half_300s": _compress(code.iloc[:half], 300.0),
@@ -110,21 +106,21 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, df in replays().items():
-        wl = Workload.from_trace(df, arrival="trace", name=name)
-        tr = RequestTrace.from_arrays(df["arrival_s"].to_numpy(), df["prompt_tokens"].to_numpy(),
+        wl = sj.Workload.from_trace(df, arrival="trace", name=name)
+        tr = sj.RequestTrace.from_arrays(df["arrival_s"].to_numpy(), df["prompt_tokens"].to_numpy(),
                                       df["output_tokens"].to_numpy(), name=name)
         rate = float(wl.rate_per_s)
         for design, n_p, n_t in clusters(rate, name.startswith("code")):
             sizes = (n_p, n_t) if n_t else (n_p,)
-            cluster = make_cluster(design, *sizes, phase_model=PHASE_MODEL)
-            fluid = jax.tree.map(np.asarray, evaluate(cluster, wl))
+            cluster = sj.make_cluster(design, *sizes, phase_model=PHASE_MODEL)
+            fluid = jax.tree.map(np.asarray, sj.evaluate(cluster, wl))
             key = (name, design, n_p, n_t)
             if reuse is not None and key in reuse.index:
                 old = reuse.loc[key]
                 sim_ok = bool(old["sim_meets_slo"])
                 sim_pct = {met: {pc: float(old[f"sim_{met}_{pc}_s"]) for pc in PCTS} for met in METRICS}
             else:
-                sim = simulate(cluster, tr, power=False)
+                sim = sj.simulate(cluster, tr, power=False)
                 sim_ok = bool(sim.metrics["meets_slo"])
                 sim_pct = {met: {pc: float(sim.metrics[f"{met}_s"][pc]) for pc in PCTS} for met in METRICS}
             row = {"trace": name, "rate": rate, "design": design, "n_prompt": n_p, "n_token": n_t,

@@ -49,10 +49,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from splitwise_jax._paths import validation_dir  # noqa: E402
-from splitwise_jax.cluster.cluster import PAPER_SLO, evaluate  # noqa: E402
+import splitwise_jax as sj  # noqa: E402
+# The model function itself, not `sj.evaluate`: `_evaluate_many` vmaps it on purpose
+# (one vectorised program per chunk of runs), which `sj.evaluate` would map row by row.
+from splitwise_jax.cluster.cluster import evaluate  # noqa: E402
 from splitwise_jax.cluster.metrics import KEYS  # noqa: E402
-from splitwise_jax.cluster.designs import DESIGNS, PHASE_MODELS, make_cluster, uniform_names  # noqa: E402
-from splitwise_jax.cluster.workload import Workload, load_trace, workload  # noqa: E402
 
 METRICS = ("ttft", "tbt", "e2e")
 PCTS = KEYS  # ("p50", "p90", "p99")
@@ -93,9 +94,9 @@ def load_runs(folder: str | os.PathLike | None = None) -> pd.DataFrame:
         missing = [c for c in _REQUIRED if c not in runs.columns]
         if missing:
             raise ValueError(f"{path}: missing columns {missing}")
-        unknown = sorted(set(runs["design"]) - set(DESIGNS))
+        unknown = sorted(set(runs["design"]) - set(sj.DESIGNS))
         if unknown:
-            raise ValueError(f"{path}: unknown designs {unknown}; known: {sorted(DESIGNS)}")
+            raise ValueError(f"{path}: unknown designs {unknown}; known: {sorted(sj.DESIGNS)}")
         runs["source"] = name.removesuffix(".csv")
         runs["trace"] = ""
         replay = ~runs["workload"].isin(list(WORKLOADS))
@@ -123,18 +124,18 @@ def smoke_subset(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def is_baseline(design: str) -> bool:
-    return not DESIGNS[design].strategy.token_pool
+    return not sj.DESIGNS[design].strategy.token_pool
 
 
 def cluster_of_run(row, phase_model: str):
     """The `Cluster` of one reference run in one phase-timing mode."""
     if is_baseline(row["design"]):
-        return make_cluster(row["design"], float(row["machines"]), phase_model=phase_model)
-    return make_cluster(row["design"], float(row["prompt_machines"]), float(row["token_machines"]),
+        return sj.make_cluster(row["design"], float(row["machines"]), phase_model=phase_model)
+    return sj.make_cluster(row["design"], float(row["prompt_machines"]), float(row["token_machines"]),
                         phase_model=phase_model)
 
 
-def pad_workload(wl: Workload, n_prompt: int, n_output: int) -> Workload:
+def pad_workload(wl: sj.Workload, n_prompt: int, n_output: int) -> sj.Workload:
     """The same workload on a larger class grid: extra classes repeat the largest size
     with zero weight, so every percentile is unchanged (checked in tests/test_cluster.py)."""
     k, m = wl.weights.shape
@@ -186,7 +187,7 @@ def predict(runs: pd.DataFrame, phase_model: str, *, chunk: int = CHUNK, progres
         ``rho_prompt``, ``rho_token``, ``memory_pressure``, ``mixed_prompt_frac``,
         ``mixed_decode_frac``, ``status``, ``seconds`` (wall time of its chunk / chunk).
     """
-    bases = {name: workload(name, 1.0) for name in WORKLOADS.values()}
+    bases = {name: sj.load_workload(name, 1.0) for name in WORKLOADS.values()}
     k = max(w.weights.shape[0] for w in bases.values())
     m = max(w.weights.shape[1] for w in bases.values())
     bases = {name: pad_workload(w, k, m) for name, w in bases.items()}
@@ -196,11 +197,11 @@ def predict(runs: pd.DataFrame, phase_model: str, *, chunk: int = CHUNK, progres
         # A replayed trace: its own size distribution and burstiness (arrival_cv2), over
         # its own horizon (first to last arrival).
         row = runs.iloc[i]
-        arrivals = load_trace(row["trace"])["arrival_s"].to_numpy()
+        arrivals = sj.load_trace(row["trace"])["arrival_s"].to_numpy()
         horizon = float(arrivals.max() - arrivals.min())
         t0 = time.perf_counter()
-        res = jax.tree.map(np.asarray, _evaluate_one(uniform_names(cluster_of_run(row, phase_model)),
-                                                     workload(row["trace"], arrival="trace"), horizon))
+        res = jax.tree.map(np.asarray, _evaluate_one(sj.uniform_names(cluster_of_run(row, phase_model)),
+                                                     sj.load_workload(row["trace"], arrival="trace"), horizon))
         out[i] = _row_of(res, None, time.perf_counter() - t0)
         if progress is not None:
             progress.update(1)
@@ -209,7 +210,7 @@ def predict(runs: pd.DataFrame, phase_model: str, *, chunk: int = CHUNK, progres
         for start in range(0, len(idx), chunk):
             part = idx[start:start + chunk]
             rows = [runs.iloc[i] for i in part]
-            clusters = [uniform_names(cluster_of_run(r, phase_model)) for r in rows]
+            clusters = [sj.uniform_names(cluster_of_run(r, phase_model)) for r in rows]
             wls = [bases[WORKLOADS[r["workload"]]].with_rate(float(r["rate"])) for r in rows]
             fill = chunk - len(part)
             t0 = time.perf_counter()
@@ -247,7 +248,7 @@ def compare(runs: pd.DataFrame, ours: pd.DataFrame, phase_model: str) -> pd.Data
               "seconds", "worst_margin", "worst_metric"):
         df[c] = ours[c].to_numpy()
     # The reference's own worst margin, from its slowdown columns.
-    limits = np.asarray(PAPER_SLO, float)
+    limits = np.asarray(sj.PAPER_SLO, float)
     ref_m = np.stack([np.log(limits[i, q] / runs[f"{met}_slowdown_{pc}"].to_numpy(float))
                       for i, met in enumerate(METRICS) for q, pc in enumerate(PCTS)], axis=1)
     df["ref_worst_margin"] = ref_m.min(axis=1)
@@ -342,7 +343,7 @@ def main(argv=None) -> int:
     ap.add_argument("--validation-dir", default=None,
                     help="folder holding splitwisesim_runs.csv (default: the shared validation folder)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"), help="output folder")
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=PHASE_MODELS, help="phase-timing modes")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=sj.PHASE_MODELS, help="phase-timing modes")
     args = ap.parse_args(argv)
     import matplotlib
 

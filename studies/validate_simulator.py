@@ -102,10 +102,10 @@ def _run_name(r) -> str:
 
 
 def _cluster(r, phase_model="splitwise-sim-table"):
-    from splitwise_jax.cluster.designs import make_cluster
+    import splitwise_jax as sj
     if str(r["design"]).startswith("baseline"):
-        return make_cluster(r["design"], float(r["machines"]), model=r["model"], phase_model=phase_model)
-    return make_cluster(r["design"], float(r["prompt_machines"]), float(r["token_machines"]), model=r["model"],
+        return sj.make_cluster(r["design"], float(r["machines"]), model=r["model"], phase_model=phase_model)
+    return sj.make_cluster(r["design"], float(r["prompt_machines"]), float(r["token_machines"]), model=r["model"],
                         phase_model=phase_model)
 
 
@@ -116,24 +116,22 @@ def _worker_init(warm: bool = True):
     jax.config.update("jax_enable_x64", True)
     if not warm:
         return
-    from splitwise_jax.cluster.designs import make_cluster
-    from splitwise_jax.simulate import simulate
-    from splitwise_jax.simulate.trace import RequestTrace
-    tr = RequestTrace.from_arrays([0.0, 0.5, 1.0], [100, 2000, 500], [5, 20, 3], name="warm-up")
+    import splitwise_jax as sj
+    tr = sj.RequestTrace.from_arrays([0.0, 0.5, 1.0], [100, 2000, 500], [5, 20, 3], name="warm-up")
     for design in ("baseline-a100", "splitwise-hh", "splitwise-hhcap"):
-        simulate(make_cluster(design, 1, 1, phase_model="splitwise-sim-table"), tr)
+        sj.simulate(sj.make_cluster(design, 1, 1, phase_model="splitwise-sim-table"), tr)
 
 
 def _simulate_reference_run(args):
     """Run one reference configuration; returns (index, metrics row, per-request frame or None)."""
     i, r, keep_requests = args
-    from splitwise_jax.simulate import simulate, trace as trace_mod
+    import splitwise_jax as sj
     c0 = time.process_time()
     t0 = time.perf_counter()
-    tr = trace_mod.from_csv(r["trace"])
+    tr = sj.trace_from_csv(r["trace"])
     cluster = _cluster(r)
     t1 = time.perf_counter()
-    res = simulate(cluster, tr)
+    res = sj.simulate(cluster, tr)
     t2 = time.perf_counter()
     c2 = time.process_time()
     m = res.metrics
@@ -307,13 +305,13 @@ def run_reference(args) -> int:
 
 def random_configs(n: int, seed: int = 0) -> pd.DataFrame:
     """Random configurations: design, pool sizes, workload, model, load, arrivals."""
-    from splitwise_jax.cluster.designs import DESIGNS
+    import splitwise_jax as sj
     rng = np.random.default_rng(seed)
-    designs = sorted(DESIGNS)
+    designs = sorted(sj.DESIGNS)
     rows = []
     for i in range(n):
         d = designs[rng.integers(len(designs))]
-        baseline = not DESIGNS[d].strategy.token_pool
+        baseline = not sj.DESIGNS[d].strategy.token_pool
         n_p = int(rng.integers(4, 41))
         n_t = 0 if baseline else int(rng.integers(2, 21))
         rows.append({"config": i, "design": d, "n_prompt": n_p, "n_token": n_t,
@@ -345,8 +343,7 @@ def _fluid(cluster, wl, horizon_s):
     import jax
     import jax.numpy as jnp
 
-    from splitwise_jax.cluster.cluster import evaluate
-    from splitwise_jax.cluster.designs import uniform_names
+    import splitwise_jax as sj
     from splitwise_jax.cli.evaluate import metrics_to_dict
 
     k, m = wl.weights.shape
@@ -357,17 +354,17 @@ def _fluid(cluster, wl, horizon_s):
             output_tokens=jnp.concatenate([wl.output_tokens, jnp.full(n - m, wl.output_tokens[-1])]),
             weights=jnp.pad(wl.weights, ((0, n - k), (0, n - m))), name="padded")
     if "fn" not in _FLUID:
-        _FLUID["fn"] = jax.jit(evaluate)
-    return metrics_to_dict(_FLUID["fn"](uniform_names(cluster), wl, horizon_s))
+        _FLUID["fn"] = jax.jit(sj.evaluate)
+    return metrics_to_dict(_FLUID["fn"](sj.uniform_names(cluster), wl, horizon_s))
 
 
 def _replay_trace(cfg, rate, horizon_s, rep):
     """The real Azure arrivals, time-compressed to the rate, over the horizon; repetition
     `rep` starts `rep` / 3 of the way into the trace (wrapping around its end), so
     repetitions see different stretches of it (rep 0: from its start, as before)."""
+    import splitwise_jax as sj
     from splitwise_jax._paths import azure_trace_csv
-    from splitwise_jax.simulate import trace as trace_mod
-    full = trace_mod.from_csv(azure_trace_csv(cfg["workload"]))
+    full = sj.trace_from_csv(azure_trace_csv(cfg["workload"]))
     t = full.arrival_s - full.arrival_s[0]
     span = float(t[-1]) + float(np.median(np.diff(t)))
     n = len(t)
@@ -381,20 +378,17 @@ def _replay_trace(cfg, rate, horizon_s, rep):
 def _config_inputs(cfg, horizon_s, seed, rep):
     """The cluster, the simulated trace and the fluid model's workload of one
     configuration and repetition."""
-    from splitwise_jax.cluster.designs import make_cluster
-    from splitwise_jax.simulate import trace as trace_mod
-    from splitwise_jax.simulate.trace import RequestTrace
-    from splitwise_jax.cluster.workload import Workload, workload as load_workload
-    cluster = make_cluster(cfg["design"], cfg["n_prompt"], cfg["n_token"] or 1.0, model=cfg["model"])
-    wl = load_workload(cfg["workload"])
+    import splitwise_jax as sj
+    cluster = sj.make_cluster(cfg["design"], cfg["n_prompt"], cfg["n_token"] or 1.0, model=cfg["model"])
+    wl = sj.load_workload(cfg["workload"])
     rate = cfg["load"] * capacity_rps(cluster, wl)
     if cfg["arrivals"] == "replay":
         a, p, o = _replay_trace(cfg, rate, horizon_s, rep)
-        tr = RequestTrace.from_arrays(a, p, o, name="replay")
-        fluid_wl = Workload.from_trace(pd.DataFrame({"arrival_s": a, "prompt_tokens": p, "output_tokens": o}),
+        tr = sj.RequestTrace.from_arrays(a, p, o, name="replay")
+        fluid_wl = sj.Workload.from_trace(pd.DataFrame({"arrival_s": a, "prompt_tokens": p, "output_tokens": o}),
                                        rate_per_s=rate, arrival="trace", independent=False)
     else:
-        tr = trace_mod.poisson(wl, rate, horizon_s, seed + 1000 * rep)
+        tr = sj.poisson_trace(wl, rate, horizon_s, seed + 1000 * rep)
         fluid_wl = wl.with_rate(rate)
     return cluster, tr, fluid_wl, rate
 
@@ -409,10 +403,10 @@ def _simulate_cached(args):
     path = Path(cache) / f"{key}.json" if cache else None
     if path is not None and path.is_file():
         return cfg["config"], rep, json.loads(path.read_text())
-    from splitwise_jax.simulate import simulate
+    import splitwise_jax as sj
     cluster, tr, _, rate = _config_inputs(cfg, horizon_s, seed, rep)
     t0 = time.perf_counter()
-    res = simulate(cluster, tr)
+    res = sj.simulate(cluster, tr)
     out = dict(res.metrics, rate=rate, n_requests=len(tr), sim_s=time.perf_counter() - t0)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -444,8 +438,8 @@ def _compare_row(cfg, rate, fms, sms, fluid_s):
     trace). Verdicts: the simulated one is that of the repetitions' mean slowdowns
     (every request completed in each); `sim_meets_frac` the share of repetitions that
     meet."""
-    from splitwise_jax.cluster.cluster import PAPER_SLO
-    slo = np.asarray(PAPER_SLO, float)
+    import splitwise_jax as sj
+    slo = np.asarray(sj.PAPER_SLO, float)
     mean = lambda ms, f: float(np.mean([f(m) for m in ms]))  # noqa: E731
     row = dict(cfg, rate=rate, reps=len(sms), n_requests=mean(sms, lambda m: m.get("n_requests", np.nan)),
                fluid_s=fluid_s, sim_s=mean(sms, lambda m: m.get("sim_s", np.nan)),

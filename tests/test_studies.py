@@ -161,6 +161,106 @@ def test_notebook_imports_only_the_public_api(name):
     assert "splitwise_jax._" not in source and "_common" not in source
 
 
+
+# What a study may import beyond the public API: the internal module, why, and the
+# studies allowed (None: any). Studies are scripts a user reads next to the notebooks, so
+# they use `import splitwise_jax as sj` too, except where they reach for something a user
+# would not (the checkout's data layout, the CSV layout, the paper's numbers) or need
+# the model function itself.
+STUDY_PUBLIC_MODULES = PUBLIC_MODULES | {"splitwise_jax.simulate", "splitwise_jax.uncertainty", "splitwise_jax.sweep"}
+STUDY_INTERNAL_IMPORTS = {
+    "splitwise_jax._paths": ("where the checkout's shared data lives (validation runs, Azure traces, "
+                             "benchmarks): the repository's layout, not a user's", None),
+    "splitwise_jax._batching": ("map_blocks pads rows to fixed chunks so each jitted study program "
+                                "compiles once; a user's sweep is splitwise_jax.sweep", None),
+    "splitwise_jax.cluster.metrics": ("labels of ClusterMetrics' arrays (METRICS, KEYS, SCALAR_FIELDS) and "
+                                      "metrics_frame: the layout of the studies' CSVs", None),
+    "splitwise_jax.specs.paper": ("the paper's published numbers the studies compare against: data, not "
+                                  "model", None),
+    "splitwise_jax.cli.evaluate": ("metrics_to_dict: rows shaped like the evaluate command line's JSON", None),
+    "splitwise_jax.evaluate": ("the `python -m splitwise_jax.evaluate` command line, run in-process as a "
+                               "user runs it", {"catalogue_pairs.py"}),
+    "splitwise_jax.simulate.timing": ("the simulator's own per-iteration timing, to size loads for the "
+                                      "simulator check", {"validate_simulator.py"}),
+    "splitwise_jax.phases.params": ("parameter stacks by name and path (STACKS, resolve_params, "
+                                    "load_params with a path)", {"serving_validation.py"}),
+    "splitwise_jax.calibrate.benchmarks": ("START_PHASE: leave-one-model-out starts where fit_benchmarks "
+                                           "does", {"serving_validation.py"}),
+    "splitwise_jax.io.benchmarks": ("benchmark-table internals (validate_benchmarks, kept_up) the serving "
+                                    "study reports on", {"serving_validation.py"}),
+    "splitwise_jax.io.benchmark_rows": ("llm_for / machine_for: a benchmark row's LLM and machine, for the "
+                                        "serving simulator", {"serving_validation.py"}),
+    "splitwise_jax.cluster.cluster": ("the model `evaluate` itself, jax.vmap'ed on purpose into one "
+                                      "vectorised program (`sj.evaluate` maps row by row on CPU)",
+                                      {"validate_cluster.py", "catalogue_pairs.py"}),
+}
+
+
+def _package_names(package: str) -> set[str]:
+    """The names a package's __init__.py binds (its API), with its lazy `_LAZY` names."""
+    init = ROOT.joinpath(*package.split("."), "__init__.py")
+    names = set()
+    for node in ast.walk(ast.parse(init.read_text()) if init.is_file() else ast.Module(body=[], type_ignores=[])):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets):
+                names |= {k.value for k in node.value.keys}
+    return names
+
+
+def _study_modules(source: str) -> set[str]:
+    """`_imported_modules`, with `from pkg import mod` read as `pkg.mod` when `mod` is a
+    module of `pkg` and not one of its package-level names (`from splitwise_jax.specs
+    import paper`, `from splitwise_jax.simulate import timing`; not
+    `from splitwise_jax.simulate import trace`, which simulate's __init__ exports)."""
+    modules = _imported_modules(source)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "splitwise_jax":
+            folder = ROOT.joinpath(*node.module.split("."))
+            api = _package_names(node.module) if node.module in STUDY_PUBLIC_MODULES else set()
+            subs = {f"{node.module}.{a.name}" for a in node.names if a.name not in api
+                    and ((folder / f"{a.name}.py").is_file() or (folder / a.name / "__init__.py").is_file())}
+            if len(subs) == len(node.names):  # every name a submodule: the package itself is not used
+                modules.discard(node.module)
+            modules |= subs
+    return modules
+
+
+def _non_public_study_imports(path: Path) -> list[str]:
+    """The package modules a study imports that are neither public nor allowed for it."""
+    ours = {m for m in _study_modules(path.read_text()) if m.split(".")[0] == "splitwise_jax"}
+    bad = []
+    for m in sorted(ours - STUDY_PUBLIC_MODULES):
+        files = STUDY_INTERNAL_IMPORTS.get(m, (None, set()))[1]
+        if files is not None and path.name not in files:
+            bad.append(m)
+    return bad
+
+
+def test_study_module_reader():
+    src = ("from splitwise_jax.specs import paper\nfrom splitwise_jax.simulate import trace, timing\n"
+           "import splitwise_jax as sj\nfrom splitwise_jax import evaluate\n")
+    assert _study_modules(src) == {"splitwise_jax.specs.paper", "splitwise_jax.simulate", "splitwise_jax.simulate.timing",
+                                   "splitwise_jax"}
+
+
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.py")), ids=lambda p: p.name)
+def test_study_imports_only_the_public_api(path):
+    """Studies import `splitwise_jax` and its public subpackages (STYLE.md: one small
+    public API); every other package module is in `STUDY_INTERNAL_IMPORTS`, with why."""
+    bad = _non_public_study_imports(path)
+    assert not bad, f"{path.name} imports internal modules {bad}: use `sj.<name>`, or allow it with a reason"
+
+
+def test_study_allow_list_is_used():
+    """An allow-list entry no study needs any more is dropped, not kept as slack."""
+    used = set().union(*(_study_modules(p.read_text()) for p in STUDIES.glob("*.py")))
+    assert set(STUDY_INTERNAL_IMPORTS) <= used, sorted(set(STUDY_INTERNAL_IMPORTS) - used)
+
 def _drafting_check():
     sys.path.insert(0, str(STUDIES))
     try:
