@@ -28,21 +28,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from splitwise_jax._exported import package_digest
+from splitwise_jax._exported import cache_folder, package_digest
 
 _FOLDER = "arrays"
 
 
 def _folder() -> Path | None:
-    base = jax.config.jax_compilation_cache_dir
-    if not base:
-        return None
-    path = Path(base) / _FOLDER
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return path
+    return cache_folder(_FOLDER)
 
 
 def _key(name: str, parts: tuple) -> str:

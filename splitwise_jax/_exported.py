@@ -57,16 +57,22 @@ def package_digest() -> str:
     return h.hexdigest()
 
 
-def _folder() -> Path | None:
+def cache_folder(name: str) -> Path | None:
+    """The folder `name` inside JAX's compilation cache folder, created; None where
+    there is no cache folder or it cannot be written."""
     base = jax.config.jax_compilation_cache_dir
     if not base:
         return None
-    path = Path(base) / _FOLDER
+    path = Path(base) / name
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
     return path
+
+
+def _folder() -> Path | None:
+    return cache_folder(_FOLDER)
 
 
 def _key(name: str, static: dict, treedef, leaves) -> str:
