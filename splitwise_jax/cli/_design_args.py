@@ -322,3 +322,15 @@ def sizes_from_args(ap, a) -> tuple[float, float] | None:
         ap.error("--machines / --prompt-machines / --token-machines size a named --design; with --design-file or "
                  "pool flags the counts are the pools' (MACHINE:COUNT, count = N)")
     return None
+
+
+def model_and_design(a, sizes):
+    """The LLM and the checked design a cluster command's flags name (evaluate's and
+    simulate's shared grammar): `--model`/`--hf-config`, the design flags with the
+    preset's pool sizes, `--chunked-prefill` and `--transfer`."""
+    llm = model_from_args(a)
+    design = design_from_args(a, preset_sizes=sizes, chunked_prefill=a.chunked_prefill)
+    check_counts(design)
+    if a.transfer is not None:
+        design = design.replace(transfer_mode=a.transfer)
+    return llm, design

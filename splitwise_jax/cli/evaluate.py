@@ -99,12 +99,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sizes = _design_args.sizes_from_args(ap, a)
     with _cli.input_errors(ap):
-        llm = _design_args.model_from_args(a)
-        design = _design_args.design_from_args(a, preset_sizes=sizes,
-                                               chunked_prefill=a.chunked_prefill)
-        _design_args.check_counts(design)
-        if a.transfer is not None:
-            design = design.replace(transfer_mode=a.transfer)
+        llm, design = _design_args.model_and_design(a, sizes)
         wl = _design_args.workload_from_args(a, a.rate)
         params_path = _design_args.params_path_from_args(a)
         cluster = build_cluster(design, model=llm, phase_model=a.phase_model, params_path=params_path)

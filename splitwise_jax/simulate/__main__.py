@@ -183,12 +183,7 @@ def main(argv=None) -> int:
         outs = {flag: (_cli.output_file(flag, path) if path is not None else None) for flag, path in
                 (("--requests-out", a.requests_out), ("--machines-out", a.machines_out),
                  ("--histogram-out", a.histogram_out))}
-        llm = _design_args.model_from_args(a)
-        design = _design_args.design_from_args(a, preset_sizes=sizes,
-                                               chunked_prefill=a.chunked_prefill)
-        _design_args.check_counts(design)
-        if a.transfer is not None:
-            design = design.replace(transfer_mode=a.transfer)
+        llm, design = _design_args.model_and_design(a, sizes)
         check_simulable(design)
         tr = make_trace(a)
         params_path = _design_args.params_path_from_args(a)
