@@ -154,6 +154,9 @@ _GROUPS = {
     "tests/test_paper_claims.py::": "pinned-evaluate-programs",
     "tests/test_optimize.py::": "optimiser-programs",
     "tests/test_studies.py::test_study_smoke[fig18_19_iso.py]": "optimiser-programs",
+    # The other study smoke runs, in-process on one worker: they share studies/_common's
+    # jitted programs (tests/test_studies.py; first match wins, so Figs. 18-19 stay above).
+    "tests/test_studies.py::test_study_smoke[": "study-runs",
 }
 
 
