@@ -21,6 +21,11 @@ from splitwise_jax.cluster.percentiles import (PERCENTILES, Mixture, Resolution,
 from splitwise_jax.cluster.queueing import wait_model
 
 RES = Resolution()
+# The tests call the search compiled (one program per mixture shape and resolution):
+# eager, each of its loops and operations compiles on its own (test file 85 -> 38 s
+# alone on the 2-core machine, 2026-12-03). Same answers: tests/test_cluster.py checks
+# jit against eager for the whole model.
+_quantiles = jax.jit(quantiles, static_argnums=1)
 LOADS = {"light": 0.4, "near-saturation": 0.98, "overload": 1.5}
 
 
@@ -101,7 +106,7 @@ def test_search_converges(load):
     0.5% that issue 12 allows between solvers."""
     mix = _mixture(LOADS[load], seed=3)
     fine = Resolution(grid_points=64, zoom_points=8, refine_iters=20)
-    np.testing.assert_allclose(np.asarray(quantiles(mix, RES)), np.asarray(quantiles(mix, fine)), rtol=5e-4)
+    np.testing.assert_allclose(np.asarray(_quantiles(mix, RES)), np.asarray(_quantiles(mix, fine)), rtol=5e-4)
 
 
 def test_float32_search_agrees():
@@ -110,8 +115,8 @@ def test_float32_search_agrees():
     where the two precisions' Newton steps stop at different points of a piecewise
     linear stretch; < 1e-6 elsewhere). The answer stays float64 (implicit step)."""
     mix = _mixture(0.98, seed=1)
-    a = np.asarray(quantiles(mix, RES))
-    b = np.asarray(quantiles(mix, Resolution(search_dtype="float32")))
+    a = np.asarray(_quantiles(mix, RES))
+    b = np.asarray(_quantiles(mix, Resolution(search_dtype="float32")))
     assert b.dtype == np.float64
     np.testing.assert_allclose(b, a, rtol=5e-4)
 
@@ -126,7 +131,7 @@ def test_float32_search_polished_to_float64(load):
     for seed in (1, 3):
         mix = _mixture(LOADS[load], seed=seed)
         fine = Resolution(grid_points=64, zoom_points=8, refine_iters=20, search_dtype=None)
-        np.testing.assert_allclose(np.asarray(quantiles(mix)), np.asarray(quantiles(mix, fine)), rtol=1e-8)
+        np.testing.assert_allclose(np.asarray(_quantiles(mix)), np.asarray(_quantiles(mix, fine)), rtol=1e-8)
 
 
 @pytest.mark.parametrize("load", list(LOADS))
@@ -144,7 +149,7 @@ def test_search_on_the_heaviest_components_is_the_whole_mixtures_root(load, skew
     mix = mix._replace(weight=w / jnp.sum(w))
     pruned = Resolution(search_components=8)  # keeps max(8, 80 // 64) = 8 of 80
     fine = Resolution(grid_points=64, zoom_points=8, refine_iters=20, search_dtype=None, search_components=None)
-    np.testing.assert_allclose(np.asarray(quantiles(mix, pruned)), np.asarray(quantiles(mix, fine)), rtol=1e-8)
+    np.testing.assert_allclose(np.asarray(_quantiles(mix, pruned)), np.asarray(_quantiles(mix, fine)), rtol=1e-8)
 
 
 @pytest.mark.parametrize("skew", [0.0, 3.0])
@@ -160,7 +165,7 @@ def test_no_wait_mixture_searched_on_bins_is_the_whole_mixtures_root(skew):
     mix = mix._replace(weight=w / jnp.sum(w))
     binned = Resolution(search_components=20)
     fine = Resolution(grid_points=64, zoom_points=8, refine_iters=20, search_dtype=None, search_components=None)
-    np.testing.assert_allclose(np.asarray(quantiles(mix, binned)), np.asarray(quantiles(mix, fine)), rtol=1e-8)
+    np.testing.assert_allclose(np.asarray(_quantiles(mix, binned)), np.asarray(_quantiles(mix, fine)), rtol=1e-8)
 
 
 def test_the_safeguarded_path_gives_the_same_root(monkeypatch):
@@ -243,7 +248,7 @@ def test_no_wait_mixture():
     """Without a wait table the CDF is a smooth logistic mixture and the search's
     Newton steps converge fast: relative 1e-6 (measured 2.6e-7 after 6 steps)."""
     mix = _mixture(0.5, wait=False)
-    got = np.asarray(quantiles(mix))
+    got = np.asarray(_quantiles(mix))
     for v in range(2):
         np.testing.assert_allclose(got[v], _brute_force(mix, v), rtol=1e-6)
 
@@ -254,7 +259,7 @@ def test_merged_routes_are_the_same_mixture():
     half = mix._replace(weight=0.5 * mix.weight)
     both = merge_routes(jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), half))
     assert both.shift.shape == (4, 40) and both.scale.shape == (2, 4, 40)
-    np.testing.assert_allclose(np.asarray(quantiles(both)), np.asarray(quantiles(mix)), rtol=1e-9)
+    np.testing.assert_allclose(np.asarray(_quantiles(both)), np.asarray(_quantiles(mix)), rtol=1e-9)
 
 
 def _fields(mix):
@@ -277,15 +282,15 @@ def test_implicit_gradients_match_finite_differences(wait):
     def f(shift, sd, weight):
         return quantiles(mix._replace(shift=shift, sd=sd, weight=weight), converged)
 
-    check_grads(f, _fields(mix), order=1, modes=("fwd", "rev"), eps=1e-5, atol=1e-4, rtol=1e-3)
+    check_grads(jax.jit(f), _fields(mix), order=1, modes=("fwd", "rev"), eps=1e-5, atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.parametrize("load", list(LOADS))
 def test_gradients_finite_at_the_edges(load):
     mix = _mixture(LOADS[load])
-    g = jax.grad(lambda s: jnp.sum(jnp.log(quantiles(mix._replace(shift=s)))))(mix.shift)
+    g = jax.grad(lambda s: jnp.sum(jnp.log(_quantiles(mix._replace(shift=s)))))(mix.shift)
     assert np.all(np.isfinite(np.asarray(g)))
     # A component with no weight and an empty wait table (zero load) stays finite too.
     zero = _mixture(1e-9)._replace(weight=mix.weight.at[0, 0].set(0.0))
-    g = jax.grad(lambda s: jnp.sum(quantiles(zero._replace(shift=s))))(zero.shift)
+    g = jax.grad(lambda s: jnp.sum(_quantiles(zero._replace(shift=s))))(zero.shift)
     assert np.all(np.isfinite(np.asarray(g)))
