@@ -157,6 +157,9 @@ _GROUPS = {
     # The other study smoke runs, in-process on one worker: they share studies/_common's
     # jitted programs (tests/test_studies.py; first match wins, so Figs. 18-19 stay above).
     "tests/test_studies.py::test_study_smoke[": "study-runs",
+    # One gradient program of Splitwise-HH's evaluate (`_value_and_grad`), traced once:
+    # on two workers each traced it (~10 s more; --durations 2026-12-03: 29 s and 11 s).
+    "tests/test_cluster.py::test_gradient": "cluster-gradient",
 }
 
 
