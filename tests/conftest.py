@@ -160,6 +160,9 @@ _GROUPS = {
     # One gradient program of Splitwise-HH's evaluate (`_value_and_grad`), traced once:
     # on two workers each traced it (~10 s more; --durations 2026-12-03: 29 s and 11 s).
     "tests/test_cluster.py::test_gradient": "cluster-gradient",
+    # Beside the grid's tests: it evaluates Splitwise-HH through the scalar `_evaluate` the
+    # grid's point check compiles (one trace of that program per session, not per worker).
+    "tests/test_cluster.py::test_layerwise_transfer_never_slower_in_tbt": "cluster-grid",
 }
 
 
