@@ -446,6 +446,7 @@ def _compare_row(cfg, rate, fms, sms, fluid_s):
                fluid_meets=bool(np.mean([m["meets_slo"] for m in fms]) > 0.5),
                sim_meets_frac=mean(sms, lambda m: float(m["meets_slo"])),
                sim_status=sms[0]["status"], fluid_status=fms[0]["status"],
+               # over the arrival window since 2026-12-04 (caches from before: the whole run)
                sim_rho_prompt=mean(sms, lambda m: m["utilisation"]["prompt_pool_rho"]),
                fluid_rho_prompt=mean(fms, lambda m: m["utilisation"]["prompt_pool_rho"]),
                sim_kv_pressure=mean(sms, lambda m: m["utilisation"]["kv_memory_pressure"]),

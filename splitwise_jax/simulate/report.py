@@ -292,8 +292,12 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cl
         "cost_per_hour": float(cost),
         "power_kw": power_kw,
         "provisioned_power_kw": prov / 1e3,
-        "utilisation": {"prompt_pool_rho": pool_mean("prompt_busy_frac", is_p),
-                        "token_pool_prompt_rho": pool_mean("prompt_busy_frac", is_t),
+        # the pools' busy shares in prompt iterations over the arrival window, the load the
+        # fluid model's rho predicts (until 2026-12-04 the share over the whole run, to
+        # the last completion: a run's drain runs no prompts, and saturated baselines read
+        # 0.55-0.68 where their machines ran prompts 0.98 of the arrival window)
+        "utilisation": {"prompt_pool_rho": rho_p_win,
+                        "token_pool_prompt_rho": rho_t_win,
                         "prompt_pool_mean_batch": pool_mean("mean_decode_batch", is_p),
                         "token_pool_mean_batch": pool_mean("mean_decode_batch", is_t),
                         "kv_memory_pressure": pressure},
