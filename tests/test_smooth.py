@@ -1,7 +1,8 @@
 """The smooth stand-ins' closed-form derivatives (`_smooth`'s custom JVP rules) against
 JAX's own differentiation of the plain expressions they replaced: values bit for bit,
-first and second derivatives to 1e-9 (measured: 1e-15 for most, 2.4e-10 for the
-p-norm's derivative in p, a sum over elements that cancels; 1e-9 keeps ~4x headroom)."""
+first and second derivatives to 1e-9 (measured on these inputs: <= 3.4e-15 for the
+derivatives in the arguments, <= 2.4e-12 for the second derivatives, 3.7e-10 for the
+p-norm max's derivative in p, a sum over elements that cancels; 1e-9 keeps ~3x headroom)."""
 
 import jax
 import jax.numpy as jnp
