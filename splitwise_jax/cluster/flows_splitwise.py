@@ -17,8 +17,9 @@ machine, serialized or layer-wise.
 2b. `_step2b_mixed_pool`: how many prompt machines hold moved decodes (the mixed pool),
    and the drained token pool's cascade;
 3. `_step3_pools`: both pools' steady states with their final flows;
-4. `_step4_prompt_routes`: the prompt pool's own queue, on its free machines, and the
-   share of its prompts that run on mixed machines;
+4. `_step4_prompt_routes`: the prompt pool's own queue, on its free machines (waiting
+   for KV memory too where the moved decodes fill it: `_memory_bound`), and the share
+   of its prompts that run on mixed machines;
 4b. `_step4b_decode_routes`: what a decode on a token machine and a moved decode on a
    mixed machine sit through.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax.scipy.stats import norm
 
@@ -48,6 +50,9 @@ _DRAFT_TEMPERATURE = 0.02
 # Drafts per token machine over the window at which the token pool has drained into the
 # mixed pool with probability 1 - 1/e (`_step2b_mixed_pool`).
 _DRAIN_DRAFTS = 6.0
+# Width of the switch (in load) by which a full KV memory on the prompt machines makes
+# arrivals wait (`_memory_bound`).
+_MEMORY_QUEUE_TEMPERATURE = 0.02
 
 
 class Splitwise(DesignStrategy):
@@ -213,7 +218,7 @@ class _MixedPrompts(NamedTuple):
     devolved: object        # share run on the least-loaded machine of all
     full_m: object          # chance every machine to draft onto is queued
     events_m: object        # prompt events per step a moved decode sees at full exposure
-    wm_p: WaitModel         # the free prompt machines' wait law
+    wm_p: WaitModel         # the free prompt machines' wait law for their compute alone
 
 
 def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution, window_s=None) -> Flows:
@@ -223,7 +228,7 @@ def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution,
     r = _step2_reservations(s, d)
     n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
     pools = _step3_pools(s, d, f_km, f)
-    mp = _step4_prompt_routes(s, d, n_mixed, pools)
+    mp = _step4_prompt_routes(s, d, n_mixed, f, pools)
     decode_routes = _step4b_decode_routes(s, d, n_mixed, f_km, pools, mp)
     st_p, st_t = pools.st_p, pools.st_t
     pressure = (r.demand + jnp.sum(cls.w * r.m_tok)) / r.capacity
@@ -368,7 +373,7 @@ def _step3_pools(s: _Setup, d: _Drafting, f_km, f) -> _Pools:
     return _Pools(st_t, st_p, wm_t, kv, ctx_t, ctx_p)
 
 
-def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _MixedPrompts:
+def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> _MixedPrompts:
     """4. The mixed pool's prompts (docs/cluster.md §4, "The mixed pool"). Its machines
     get prompts only when the prompt pool drafts (its least-loaded machine past the
     threshold), before any token machine is converted.
@@ -389,14 +394,46 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _Mi
     # The prompt pool's own queue runs on its free machines: the prompts neither drafted
     # from them (X_m) nor devolved to a mixed or token machine.
     away = x_m + devolved * (n_mixed + n_t) / (n_p + n_t)
-    wm_p = wait_model(s.lam * (1.0 - away), st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
+    rate_p = s.lam * (1.0 - away)
+    wm_p = wait_model(rate_p, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
+    # What a prompt waits for also includes KV memory; how busy the machines are (the
+    # moved decodes' interference, step 4b) stays their compute's.
+    wm_wait = wait_model(rate_p, st_p.mean_prompt_s * _memory_bound(s, f, pools, wm_p.rho), st_p.scv_prompt,
+                         n_free, s.ca2, s.horizon_s)
     # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
     # waits for a decode iteration nor carries decoders) unless it is one of the mixed
     # machines' share, d n_mixed / (n_free + d n_mixed).
     on_mixed = rel * n_mixed / jnp.maximum(n_free + rel * n_mixed, 1e-9)
-    routes = (PromptRoute(d.st_p0, wm_p, 1.0 - d.x_k, other_state=st_p, other_share=on_mixed),
+    routes = (PromptRoute(d.st_p0, wm_wait, 1.0 - d.x_k, other_state=st_p, other_share=on_mixed),
               PromptRoute(pools.st_t, pools.wm_t, d.x_k))
     return _MixedPrompts(routes, x_mk, devolved, full_m, events_m, wm_p)
+
+
+def _memory_bound(s: _Setup, f, pools: _Pools, rho):
+    """How much longer a prompt waits, as a factor on the prompt pool's service time,
+    when the moved decodes' KV memory on the prompt machines is full (issue 39).
+
+    A prompt machine starts a prompt only when its memory holds the request. Where the
+    moved decodes need rho_m = B_need / B_max > 1 of it, the pool admits only a share a
+    of the moved requests. Fewer admissions also mean fewer prompt iterations for the
+    moved decodes to sit through: their step is t_d + a I (I = step - t_d, the prompt
+    interference at full admission, taken as proportional to the prompt rate), so the
+    memory they need is a (t_d + a I) / (t_d + I) of rho_m's, and a solves
+    I a^2 + t_d a = (t_d + I) / rho_m. Arrivals then outrun admissions by
+    rho_q = 1 / (1 - f + f a), and the queue grows at rho_q - 1 seconds per second,
+    whatever the prompt machines' compute load. The pool's queue load is max(rho, rho_q),
+    switched on smoothly as rho_m passes 1 (docs/cluster.md §4, "Waiting for KV memory").
+    """
+    st_p = pools.st_p
+    rho_m = st_p.batch_need * pools.ctx_p / jnp.maximum(s.cap_tok_P, 1e-9)
+    t_d = jnp.maximum(st_p.decode_s, 1e-9)
+    interf = jnp.maximum(st_p.step_s - st_p.decode_s, 1e-9 * t_d)
+    c = (t_d + interf) / jnp.maximum(rho_m, 1e-9)
+    a = 2.0 * c / (t_d + jnp.sqrt(t_d**2 + 4.0 * interf * c))  # the root, written stably
+    rho_q = 1.0 / jnp.maximum(1.0 - f + f * a, 1e-6)
+    rho = jnp.maximum(rho, 1e-9)
+    on = jax.nn.sigmoid((rho_m - 1.0) / _MEMORY_QUEUE_TEMPERATURE)
+    return 1.0 + on * softplus(rho_q - rho, _MEMORY_QUEUE_TEMPERATURE) / rho
 
 
 def _step4b_decode_routes(s: _Setup, d: _Drafting, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
