@@ -397,9 +397,10 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     rate_p = s.lam * (1.0 - away)
     wm_p = wait_model(rate_p, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # What a prompt waits for also includes KV memory; how busy the machines are (the
-    # moved decodes' interference, step 4b) stays their compute's.
-    wm_wait = wait_model(rate_p, st_p.mean_prompt_s * _memory_bound(s, f, pools, wm_p.rho), st_p.scv_prompt,
-                         n_free, s.ca2, s.horizon_s)
+    # moved decodes' interference, step 4b) is their compute's at the rate memory admits.
+    scale, admitted = _memory_bound(s, f, pools, wm_p.rho)
+    wm_wait = wait_model(rate_p, st_p.mean_prompt_s * scale, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
+    wm_p = wait_model(rate_p * admitted, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
     # waits for a decode iteration nor carries decoders) unless it is one of the mixed
     # machines' share, d n_mixed / (n_free + d n_mixed).
@@ -410,8 +411,10 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
 
 
 def _memory_bound(s: _Setup, f, pools: _Pools, rho):
-    """How much longer a prompt waits, as a factor on the prompt pool's service time,
-    when the moved decodes' KV memory on the prompt machines is full (issue 39).
+    """When the moved decodes' KV memory on the prompt machines is full (issue 39): how
+    much longer a prompt waits, as a factor on the prompt pool's service time, and the
+    share of arrivals memory admits (1 / max(rho_q, 1), smoothly), at which the machines
+    run prompts.
 
     A prompt machine starts a prompt only when its memory holds the request. Where the
     moved decodes need rho_m = B_need / B_max > 1 of it, the pool admits only a share a
@@ -433,7 +436,8 @@ def _memory_bound(s: _Setup, f, pools: _Pools, rho):
     rho_q = 1.0 / jnp.maximum(1.0 - f + f * a, 1e-6)
     rho = jnp.maximum(rho, 1e-9)
     on = jax.nn.sigmoid((rho_m - 1.0) / _MEMORY_QUEUE_TEMPERATURE)
-    return 1.0 + on * softplus(rho_q - rho, _MEMORY_QUEUE_TEMPERATURE) / rho
+    return (1.0 + on * softplus(rho_q - rho, _MEMORY_QUEUE_TEMPERATURE) / rho,
+            1.0 / (1.0 + on * softplus(rho_q - 1.0, _MEMORY_QUEUE_TEMPERATURE)))
 
 
 def _step4b_decode_routes(s: _Setup, d: _Drafting, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
