@@ -395,10 +395,9 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     # from them (X_m) nor devolved to a mixed or token machine.
     away = x_m + devolved * (n_mixed + n_t) / (n_p + n_t)
     rate_p = s.lam * (1.0 - away)
-    wm_p = wait_model(rate_p, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # What a prompt waits for also includes KV memory; how busy the machines are (the
     # moved decodes' interference, step 4b) is their compute's at the rate memory admits.
-    scale, admitted = _memory_bound(s, f, pools, wm_p.rho)
+    scale, admitted = _memory_bound(s, f, pools, rate_p * st_p.mean_prompt_s / jnp.maximum(n_free, 1e-6))
     wm_wait = wait_model(rate_p, st_p.mean_prompt_s * scale, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     wm_p = wait_model(rate_p * admitted, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
