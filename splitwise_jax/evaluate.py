@@ -15,4 +15,6 @@ from splitwise_jax.cli.evaluate import metrics_to_dict as metrics_to_dict
 from splitwise_jax.cli.evaluate import status_words as status_words
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from splitwise_jax.cli._cli import run
+
+    run(main)

@@ -14,4 +14,6 @@ from splitwise_jax.cli.predict import build_parser as build_parser
 from splitwise_jax.cli.predict import main as main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from splitwise_jax.cli._cli import run
+
+    run(main)

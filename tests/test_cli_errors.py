@@ -393,3 +393,25 @@ def test_process_seconds_counts_from_the_process_start():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0
     assert 0.5 <= float(out) <= wall + 0.02  # /proc's clock ticks are 0.01 s
+
+
+def test_a_command_line_exits_with_its_output_whole_and_its_handlers_run():
+    """`_cli.run` (every `python -m` entry point) ends the process with `os._exit`
+    after `main`: a large output still arrives whole, the atexit handlers run, the
+    status is `main`'s; a reader that closes the pipe early gets status 1 and no
+    traceback on stderr."""
+    code = ("import atexit, sys\nfrom splitwise_jax.cli import _cli\n"
+            "atexit.register(lambda: print('handler ran', file=sys.stderr))\n"
+            "_cli.run(lambda: print('x' * 200_000) or 3)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    assert proc.stdout == "x" * 200_000 + "\n"
+    assert proc.stderr == "handler ran\n"
+
+    code = "from splitwise_jax.cli import _cli\n_cli.run(lambda: [print(i) for i in range(200_000)] and 0)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"0\n"
+    proc.stdout.close()  # the reader goes away, as `| head -1` would
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert b"Traceback" not in err, err.decode()

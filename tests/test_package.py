@@ -128,16 +128,18 @@ def test_cli_modules_run_with_dash_m(module):
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, "--xla_cpu_use_fusion_emitters=false"),
-    # a user's own setting of the flag wins, and other flags are kept
+    ({}, "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=1"),
+    # a user's own setting of a flag wins, and other flags are kept
     ({"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2"},
-     "--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2"),
+     "--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2 --xla_backend_optimization_level=1"),
+    ({"XLA_FLAGS": "--xla_backend_optimization_level=0"},
+     "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"),
     ({"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-     "--xla_force_host_platform_device_count=2 --xla_cpu_use_fusion_emitters=false"),
+     "--xla_force_host_platform_device_count=2 --xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=1"),
     ({"SPLITWISE_XLA_DEFAULTS": "1"}, ""),
 ])
-def test_cli_compile_policy_sets_the_loop_emitters_flag_unless_told_otherwise(env, expected):
-    """`_cli.fast_compile` (every CLI's first lines) adds the loop-emitter flag to
+def test_cli_compile_policy_sets_its_flags_unless_told_otherwise(env, expected):
+    """`_cli.fast_compile` (every CLI's first lines) adds the loop-emitter and -O1 flags to
     XLA_FLAGS before JAX starts its backend, and only then."""
     code = textwrap.dedent("""
         import os

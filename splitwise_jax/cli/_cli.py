@@ -17,12 +17,14 @@ after the inputs are accepted are bugs and keep their traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import math
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, NoReturn
 
 import jax
 
@@ -56,31 +58,71 @@ def preamble() -> None:
     fast_compile()
 
 
-_LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+#: XLA flags of every command line (`fast_compile`): the loop emitters, LLVM at -O1.
+_CLI_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
 
 
 def fast_compile() -> None:
-    """Compile with XLA:CPU's loop emitters (the compile policy of every CLI).
+    """Compile with XLA:CPU's loop emitters at LLVM's -O1 (the compile policy of every CLI).
 
     A CLI run is one process that compiles a handful of large programs and runs them for
     seconds, so compilation is most of a cold run. XLA:CPU's older loop emitters
     (`--xla_cpu_use_fusion_emitters=false`: the same operations, code generated without
     the newer fusion emitters) compile them in ~60 % of the time: `python -m
     splitwise_jax.optimize` (Fig. 12) from process start with an empty cache 75.6 ->
-    55.0 s, warm 7.8 -> 7.9 s, same answer (2-core machine, 2026-12-01). A program run
-    for long (a big sweep) runs up to ~20 % slower this way, so library use and the
-    notebooks keep XLA's default. Only takes effect before JAX starts its backend, and
-    never overrides a user's own setting of the flag in `XLA_FLAGS`;
-    `SPLITWISE_XLA_DEFAULTS=1` keeps XLA's defaults.
+    55.0 s, warm 7.8 -> 7.9 s, same answer (2-core machine, 2026-12-01). LLVM's -O1
+    instead of its default -O2 (`--xla_backend_optimization_level=1`) compiles the
+    optimiser's gradient program in 16 s instead of 18-21 s and runs it no slower
+    (5.6-7.1 against 6.9-10.6 ms a call), and cold / warm Fig. 12 runs take 10 % / 7 %
+    less CPU (docs/speed.md §8; -O0 was tried in 2026-12-03 and runs the programs 2x
+    slower). A program run for long (a big sweep) runs up to ~20 % slower with the loop
+    emitters, so library use and the notebooks keep XLA's defaults. Only takes effect
+    before JAX starts its backend, and never overrides a user's own setting of either
+    flag in `XLA_FLAGS`; `SPLITWISE_XLA_DEFAULTS=1` keeps XLA's defaults.
     """
     if os.environ.get("SPLITWISE_XLA_DEFAULTS", "") not in ("", "0"):
         return
     from jax._src import xla_bridge
 
-    flags = os.environ.get("XLA_FLAGS", "")
-    if xla_bridge.backends_are_initialized() or _LOOP_EMITTERS.split("=")[0] in flags:
+    if xla_bridge.backends_are_initialized():
         return
-    os.environ["XLA_FLAGS"] = (flags + " " + _LOOP_EMITTERS).strip()
+    flags = os.environ.get("XLA_FLAGS", "")
+    extra = [f for f in _CLI_FLAGS if f.split("=")[0] not in flags]
+    os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
+
+
+def run(main: Callable[[], int | None]) -> NoReturn:
+    """Run a command line's `main` and end the process with its status once its output
+    is written, skipping the interpreter's teardown (every ``python -m`` entry point).
+
+    Python's own exit destroys every object left, and a CLI run leaves XLA's loaded
+    executables: rebuilding their HLO on load and freeing it at exit are proportional
+    to the programs' size. Measured on the 2-core machine (2026-12-04, warm Fig. 12
+    `optimize --no-certify`, two runs each): 0.45-0.58 s from the end of `main` to the
+    process's exit, 0.09-0.12 s with this. The atexit handlers still run first (a
+    prefetch still compiling is waited for, `_exported._wait_at_exit`; logging is
+    flushed), then the standard streams are flushed and the process exits with
+    `os._exit`. Output cut short by a closed pipe (``| head``) ends quietly with status
+    1 instead of a traceback. Only the ``__main__`` modules call this: library calls of
+    `main` (the tests, notebooks) return as before. `SPLITWISE_FULL_EXIT=1` exits
+    through the interpreter instead.
+    """
+    try:
+        code = main()
+    except BrokenPipeError:
+        # the reader went away: send what is left nowhere, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    code = 0 if code is None else int(code)
+    if os.environ.get("SPLITWISE_FULL_EXIT", "") not in ("", "0"):
+        sys.exit(code)
+    atexit._run_exitfuncs()  # the registered handlers, in the order Python would run them
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to write
+            pass
+    os._exit(code)
 
 
 @contextlib.contextmanager

@@ -151,4 +151,4 @@ def _simulation_traces(a, design, wl):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

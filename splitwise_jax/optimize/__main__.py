@@ -3,4 +3,6 @@
 from splitwise_jax.optimize.cli import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from splitwise_jax.cli._cli import run
+
+    run(main)
