@@ -11,6 +11,15 @@
 # whose runs then import JAX in 3.2 s instead of 1.2 s where bytecode is not written),
 # uv: 6-8 s to install it, 7 s to install the package (docs/speed.md §6).
 PY ?= python3
+# What the command lines import, their lazy imports included (the certificate's
+# simulator and pandas, tqdm, JAX's LAPACK set-up through scipy.linalg): their bytecode
+# is written once at install. Without it, where PYTHONDONTWRITEBYTECODE is set, every
+# run compiled pandas and scipy from source: a warm Fig. 12 `optimize` 9.3-10.9 -> 7.0-7.6 s
+# wall (2026-12-04, docs/speed.md §8), for ~2 s more at install.
+WARM_IMPORTS = import splitwise_jax, splitwise_jax.optimize.cli, splitwise_jax.evaluate, \
+	splitwise_jax.simulate.__main__, splitwise_jax.simulate.certify, splitwise_jax.simulate.side_by_side, \
+	splitwise_jax.optimize.confidence, splitwise_jax.uncertainty, splitwise_jax.calibrate.cli, \
+	splitwise_jax.predict, tqdm, scipy.linalg
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -35,7 +44,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	@$(call install,.)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c 'import splitwise_jax, splitwise_jax.optimize.cli, splitwise_jax.evaluate'
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c '$(WARM_IMPORTS)'
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP) pyproject.toml
