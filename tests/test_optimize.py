@@ -53,6 +53,25 @@ def test_cost_optimum_matches_exhaustive_grid(wl):
     assert all(res.binding[k] for k in res.binding), res.binding
 
 
+def test_verification_compares_the_grid_with_the_searched_answer(wl, capsys):
+    """`--verify`'s grid checks the search on its classes: after a step-up (full
+    resolution, the certificate) the answer printed differs from the grid's optimum
+    while the verification still matches the search's own answer."""
+    import dataclasses
+
+    from splitwise_jax.optimize.report import _print_result, _result_dict
+
+    cluster = make_cluster("splitwise-hh", 1, 1)
+    res, grid = _check_match(cluster, wl, O.Problem("cost", max_machines=MAX))
+    b = res.best
+    up = b._replace(token_machines=b.token_machines + 1, objective=b.objective + 38.08, cost_per_hour=b.cost_per_hour + 38.08)
+    stepped = dataclasses.replace(res, best=up)
+    assert _result_dict(stepped, True, None, grid, 1.0, searched=res.best)["verification"]["matches"]
+    assert not _result_dict(stepped, True, None, grid, 1.0)["verification"]["matches"]
+    _print_result(stepped, cluster, "t", None, grid, 1.0, "8x8 classes", False, searched=res.best)
+    assert "-> matches the search's" in capsys.readouterr().out
+
+
 def test_power_optimum_matches_grid_with_free_token_cap(wl):
     """HHcap with its token cap free (on a 0.05 grid) instead of the fixed 70%."""
     cluster = make_cluster("splitwise-hhcap", 1, 1)

@@ -58,7 +58,9 @@ def _candidate_dict(c: Candidate | None, splitwise: bool) -> dict | None:
 
 
 def _result_dict(res: OptimizeResult, splitwise: bool, full: Candidate | None, grid: GridResult | None,
-                 opt_wall_s: float) -> dict:
+                 opt_wall_s: float, searched: Candidate | None = None) -> dict:
+    """The JSON of an answer. `searched`: the search's own answer on its classes, before
+    any step-up (full resolution, certificate), which is what the grid verifies."""
     d = dict(design=res.design, objective=res.objective, feasible=res.feasible)
     d.update(_candidate_dict(res.best, splitwise) or ({"prompt_machines": None, "token_machines": None}
                                                        if splitwise else {"machines": None}))
@@ -69,14 +71,17 @@ def _result_dict(res: OptimizeResult, splitwise: bool, full: Candidate | None, g
         d["full_resolution"] = dict(_candidate_dict(full, splitwise), metrics=_metrics_dict(full.metrics))
     if grid is not None:
         d["verification"] = dict(grid_best=_candidate_dict(grid.best, splitwise),
-                                 matches=same_answer(res.best, grid.best, res.objective), grid_s=grid.wall_s,
+                                 matches=same_answer(res.best if searched is None else searched, grid.best,
+                                                     res.objective), grid_s=grid.wall_s,
                                  optimizer_s=opt_wall_s, cells_in_box=grid.cells_in_box,
                                  cells_evaluated=grid.cells_evaluated, evaluations=grid.evaluations)
     return d
 
 
 def _print_result(res: OptimizeResult, cluster: Cluster, title: str, full: Candidate | None, grid: GridResult | None,
-                  opt_wall_s: float, bins_text: str, fig12: bool, certified: bool | None = None):
+                  opt_wall_s: float, bins_text: str, fig12: bool, certified: bool | None = None,
+                  searched: Candidate | None = None):
+    """The text of an answer; `searched` as in `_result_dict`."""
     splitwise = cluster.strategy.token_pool
     print(title)
     b = res.best
@@ -122,11 +127,15 @@ def _print_result(res: OptimizeResult, cluster: Cluster, title: str, full: Candi
         print(f"  paper (Fig. 12, SplitwiseSim grid search): {paper.FIG12['prompt_machines']} prompt + "
               f"{paper.FIG12['token_machines']} token machines")
     if grid is not None:
-        same = same_answer(res.best, grid.best, res.objective)
+        ref = res.best if searched is None else searched
+        same = same_answer(ref, grid.best, res.objective)
         gb = grid.best
         what = "nothing feasible" if gb is None else f"{_pools_text(gb, splitwise)} ({gb.objective:,.4g} {_UNIT[res.objective]})"
+        whose = "" if ref is res.best or ref is None else f" the search's {_pools_text(ref, splitwise)} (before the step-up below)"
         print(f"  grid (exhaustive over {grid.cells_in_box:,} cells, {grid.cells_evaluated:,} evaluated after exact "
-              f"pruning): {what} -> {'matches' if same else 'DIFFERS'}; grid {grid.wall_s:.1f} s vs optimizer {opt_wall_s:.1f} s")
+              f"pruning): {what} -> {'matches' if same else ('DIFFERS from' if whose else 'DIFFERS')}{whose}; "
+              f"grid {grid.wall_s:.1f} s vs "
+              f"optimizer {opt_wall_s:.1f} s")
     t = res.timings_s
     print(f"  timings: start {t['start']:.2f} s, gradient {t['gradient']:.2f} s, repair {t['repair']:.2f} s "
           f"({res.evaluations} evaluations on {bins_text}; first calls include compilation)")
