@@ -73,9 +73,9 @@ def fast_compile() -> None:
     55.0 s, warm 7.8 -> 7.9 s, same answer (2-core machine, 2026-12-01). LLVM's -O1
     instead of its default -O2 (`--xla_backend_optimization_level=1`) compiles the
     optimiser's gradient program in 16 s instead of 18-21 s and runs it no slower
-    (5.6-7.1 against 6.9-10.6 ms a call), and cold / warm Fig. 12 runs take 10 % / 7 %
-    less CPU (docs/speed.md §8; -O0 was tried in 2026-12-03 and runs the programs 2x
-    slower). A program run for long (a big sweep) runs up to ~20 % slower with the loop
+    (5.6-7.1 against 6.9-10.6 ms a call); together with the quick exit (`run`), cold /
+    warm Fig. 12 runs went from 96.4 / 13.6 to 86.7 / 12.2 CPU s side by side
+    (docs/speed.md §8; -O0 was tried in 2026-12-03 and runs the programs 2x slower). A program run for long (a big sweep) runs up to ~20 % slower with the loop
     emitters, so library use and the notebooks keep XLA's defaults. Only takes effect
     before JAX starts its backend, and never overrides a user's own setting of either
     flag in `XLA_FLAGS`; `SPLITWISE_XLA_DEFAULTS=1` keeps XLA's defaults.
