@@ -53,6 +53,8 @@ _DRAIN_DRAFTS = 6.0
 # Width of the switch (in load) by which a full KV memory on the prompt machines makes
 # arrivals wait (`_memory_bound`).
 _MEMORY_QUEUE_TEMPERATURE = 0.02
+# Most of a run's window the KV-memory wait's onset may take (`_after_onset`).
+_ONSET_MAX = 0.95
 
 
 class Splitwise(DesignStrategy):
@@ -397,8 +399,9 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     rate_p = s.lam * (1.0 - away)
     # What a prompt waits for also includes KV memory; how busy the machines are (the
     # moved decodes' interference, step 4b) is their compute's at the rate memory admits.
-    scale, admitted = _memory_bound(s, f, pools, rate_p * st_p.mean_prompt_s / jnp.maximum(n_free, 1e-6))
-    wm_wait = wait_model(rate_p, st_p.mean_prompt_s * scale, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
+    scale, admitted, onset = _memory_bound(s, f, pools, rate_p * st_p.mean_prompt_s / jnp.maximum(n_free, 1e-6))
+    wm_wait = _after_onset(wait_model(rate_p, st_p.mean_prompt_s * scale, st_p.scv_prompt, n_free, s.ca2,
+                                      s.horizon_s), onset, s.pool["window_s"])
     wm_p = wait_model(rate_p * admitted, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
     # waits for a decode iteration nor carries decoders) unless it is one of the mixed
@@ -435,8 +438,26 @@ def _memory_bound(s: _Setup, f, pools: _Pools, rho):
     rho_q = 1.0 / jnp.maximum(1.0 - f + f * a, 1e-6)
     rho = jnp.maximum(rho, 1e-9)
     on = jax.nn.sigmoid((rho_m - 1.0) / _MEMORY_QUEUE_TEMPERATURE)
+    # When the wait starts: a run starts empty, the token machines' memory fills first
+    # (every decode goes there until then), then the prompt machines' with the moved ones.
+    fill_t = s.cap_tok_T / jnp.maximum(pools.ctx_t * s.lam / jnp.maximum(s.n_t, 1e-6), 1e-9)
+    fill_p = s.cap_tok_P / jnp.maximum(pools.ctx_p * s.lam * f / jnp.maximum(s.n_p, 1e-6), 1e-9)
     return (1.0 + on * softplus(rho_q - rho, _MEMORY_QUEUE_TEMPERATURE) / rho,
-            1.0 / (1.0 + on * softplus(rho_q - 1.0, _MEMORY_QUEUE_TEMPERATURE)))
+            1.0 / (1.0 + on * softplus(rho_q - 1.0, _MEMORY_QUEUE_TEMPERATURE)),
+            on * (fill_t + fill_p))
+
+
+def _after_onset(wm: WaitModel, onset_s, window_s) -> WaitModel:
+    """The memory wait of arrivals after its onset only: the share of the run's window
+    before it does not wait for memory, the rest waits over what is left of the window
+    (a Poisson run's window is the wait law's horizon; a trace's windows lose the same
+    share of their waits, their horizon about unchanged). Stationary flows (no window):
+    as before."""
+    if window_s is None:
+        return wm
+    window = jnp.maximum(jnp.asarray(window_s, float), 1e-9)
+    before = _ONSET_MAX * smooth_min_one(onset_s / (_ONSET_MAX * window))
+    return wm._replace(p_wait=wm.p_wait * (1.0 - before), horizon_s=wm.horizon_s * (1.0 - before * wm.horizon_s / window))
 
 
 def _step4b_decode_routes(s: _Setup, d: _Drafting, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
