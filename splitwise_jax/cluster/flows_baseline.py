@@ -38,8 +38,10 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     n_p = jnp.asarray(cluster.n_prompt, float)
     cap_P = _kv_capacity_tokens(P, cluster) / cls.ctx
     mbt = cluster.scheduling.max_batch_tokens
+    # issue 39: decodes over a window that starts empty (pool.window_share); queued
+    # prompts share iterations (pool._batched_rates)
     st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt,
-                    window_s=window_s)  # issue 39: decodes over a window that starts empty (pool.window_share)
+                    window_s=window_s, batch_prompts=1.0)
     wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P

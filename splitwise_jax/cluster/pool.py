@@ -105,7 +105,8 @@ class PoolState(NamedTuple):
     carry_share: jnp.ndarray       # share of prompt iterations a decoder on the machine rides along
 
 
-def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
+def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens, batching=False, mean_p=None,
+                     mean_p_sq=None):
     """Prompt iterations per class (with the decoders that ride along) and the decode-only
     iteration, from ONE timing call (one inlined phase model: compile time).
 
@@ -113,7 +114,13 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
     decoder on the machine loses per prompt iteration (K,)). The last is conditional on
     that decoder being there: it rides along whenever the prompt fits next to the batch
     (p + decoders <= max_batch_tokens), whatever the chance that a prompt finds decoders
-    at all; a prompt too large for the batch runs alone and the decoder waits it out."""
+    at all; a prompt too large for the batch runs alone and the decoder waits it out.
+
+    With `batching`, the same iterations with the room left under `max_batch_tokens`
+    (after the prompt and its riders) filled by other prompts of the mean size
+    (`mean_p`, `mean_p_sq`) are evaluated in the same call, and three more (K,) arrays
+    are returned: that room (tokens), and the iteration and the decoder's loss with it
+    full (`_batched_rates` interpolates between empty and full)."""
     k = p_tok.shape[0]
     found = batch * jsq_share(batch)                    # decoders on the chosen machine
     none = jnp.exp(-found)
@@ -123,17 +130,36 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens):
     ride_k = smooth_min_pos(ride * jnp.ones(k), jnp.maximum(room, 1e-6), p=8.0)
     b_dec = jnp.maximum(batch, 1.0)
     zeros, ones = jnp.zeros(k), jnp.ones(k)
+    tok, seqs, sq = [p_tok, p_tok], [ones, ones], [p_sq, p_sq]
+    dec, dctx = [zeros, ride_k], [zeros, ride_k * ctx]
+    if batching:
+        # Room for other prompts next to the prompt and (when they ride) its decoders.
+        extra = softplus(max_batch_tokens - p_tok - (1.0 - none) * ride_k, _BATCH_TOKEN_TEMPERATURE)
+        n_extra = extra / jnp.maximum(mean_p, 1.0)
+        tok += [p_tok + extra, p_tok + extra]
+        seqs += [ones + n_extra, ones + n_extra]
+        sq += [p_sq + n_extra * mean_p_sq, p_sq + n_extra * mean_p_sq]
+        dec += [zeros, ride_k]
+        dctx += [zeros, ride_k * ctx]
     t = timing.iteration_s(Batch(
-        prompt_tokens=jnp.concatenate([p_tok, p_tok, jnp.zeros(1)]),
-        prompt_seqs=jnp.concatenate([ones, ones, jnp.zeros(1)]),
-        prompt_sq_tokens=jnp.concatenate([p_sq, p_sq, jnp.zeros(1)]),
-        decode_seqs=jnp.concatenate([zeros, ride_k, b_dec[None]]),
-        decode_ctx_tokens=jnp.concatenate([zeros, ride_k * ctx, (b_dec * ctx)[None]]),
+        prompt_tokens=jnp.concatenate(tok + [jnp.zeros(1)]),
+        prompt_seqs=jnp.concatenate(seqs + [jnp.zeros(1)]),
+        prompt_sq_tokens=jnp.concatenate(sq + [jnp.zeros(1)]),
+        decode_seqs=jnp.concatenate(dec + [b_dec[None]]),
+        decode_ctx_tokens=jnp.concatenate(dctx + [(b_dec * ctx)[None]]),
     ))
-    alone, mixed, t_d = t[:k], t[k:2 * k], t[2 * k]
     mix_prob = (1.0 - none) * fits
-    lost = (1.0 - fits) * alone + fits * jnp.maximum(mixed - t_d, 1e-6)
-    return (1.0 - mix_prob) * alone + mix_prob * mixed, fits, t_d, lost
+    t_d = t[-1]
+
+    def mixture(alone, mixed):
+        lost = (1.0 - fits) * alone + fits * jnp.maximum(mixed - t_d, 1e-6)
+        return (1.0 - mix_prob) * alone + mix_prob * mixed, lost
+
+    t_p, lost = mixture(t[:k], t[k:2 * k])
+    if not batching:
+        return t_p, fits, t_d, lost
+    t_full, lost_full = mixture(t[2 * k:3 * k], t[3 * k:4 * k])
+    return t_p, fits, t_d, lost, extra, t_full, lost_full
 
 
 def interruptions_per_step(frac, t_decode, mean_loss):
@@ -144,18 +170,90 @@ def interruptions_per_step(frac, t_decode, mean_loss):
     return smooth_min_pos(per_step, _MAX_PREEMPTIONS, p=8.0)
 
 
-def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens):
-    t_p, fits, t_d, x_k = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
-    e_t = jnp.dot(prompt_w, t_p)
+def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens, servers=None):
+    """Per-machine rates at decode batch B. Returns (t_p (K,) a prompt's own iteration,
+    E[T] the prompt work per prompt, busy, t_d, step, events, E[X], Var[X], carry share,
+    s (K,) each class's prompt work)); with `servers` (the pool's machines) queued
+    prompts share iterations (`_batched_rates`), without it one prompt per iteration
+    (s = t_p)."""
+    if servers is None:
+        t_p, fits, t_d, x_k = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
+        s_k, t_it = t_p, t_p
+    else:
+        mean_p = jnp.dot(prompt_w, p_tok)
+        t0, fits, t_d, x0, room, t1, x1 = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens,
+                                                           True, mean_p, jnp.dot(prompt_w, p_sq))
+        t_p, s_k, x_k = _batched_rates(lam_p, prompt_w, p_tok, mean_p, servers, t0, x0, room, t1, x1)
+        t_it = t_p
+    e_t = jnp.dot(prompt_w, s_k)
+    e_it = jnp.dot(prompt_w, t_it)
     busy = smooth_min_one(lam_p * e_t, _RHO_TEMPERATURE)
     # What a decoder loses per prompt iteration it sits through (x_k): the prompt
     # iteration, less its own decode step when it rides along.
     e_x = jnp.dot(prompt_w, x_k)
     var_x = jnp.maximum(jnp.dot(prompt_w, x_k**2) - e_x**2, 0.0)
-    frac = jsq_share(batch) * busy * e_x / e_t          # share of a decoder's time lost
+    frac = jsq_share(batch) * busy * e_x / e_it         # share of a decoder's time lost
     events = interruptions_per_step(frac, t_d, e_x)
     step = t_d + events * e_x
-    return t_p, e_t, busy, t_d, step, events, e_x, var_x, jnp.dot(prompt_w, fits)
+    return t_p, e_t, busy, t_d, step, events, e_x, var_x, jnp.dot(prompt_w, fits), s_k
+
+
+# Substitution steps of the batch-size fixed point (`_batched_rates`): the map is a
+# contraction with a small slope (the extra tokens change the load by their share of
+# the iteration), three steps move it by < 1e-3 of the room on the conversation
+# baselines.
+_BATCH_FIXED_POINT_STEPS = 3
+# Largest load at which the queue a waiting prompt finds is counted (rho / (1 - rho)).
+_QUEUE_RHO_MAX = 0.98
+
+
+def _packing(prompt_w, p_tok, room):
+    """Prompt tokens that fill a room of `room` (K,) tokens, first come first served
+    (SplitwiseSim's batch-token rule: the next queued prompt joins if it fits, and
+    batching stops at the first that does not): (K,) the tokens of the first queued
+    prompt if it fits, (K,) those of the second if the first did and both fit. Prompt
+    sizes are the workload's classes; "fits" is smoothed over `_BATCH_TOKEN_TEMPERATURE`."""
+    fit1 = jax.nn.sigmoid((room[:, None] - p_tok[None, :]) / _BATCH_TOKEN_TEMPERATURE)       # (K, J)
+    first = fit1 @ (prompt_w * p_tok)
+    left = room[:, None, None] - p_tok[None, :, None] - p_tok[None, None, :]
+    fit2 = jax.nn.sigmoid(left / _BATCH_TOKEN_TEMPERATURE)                                    # (K, J, I)
+    second = jnp.einsum("kj,j,kji,i->k", fit1, prompt_w, fit2, prompt_w * p_tok)
+    return first, second
+
+
+def _batched_rates(lam_p, prompt_w, p_tok, mean_p, servers, t0, x0, room, t1, x1):
+    """Prompts that queue share an iteration (SplitwiseSim's prompt batching, up to
+    max_batch_tokens). A prompt that waits (all machines busy: Sakasegawa's C at the
+    batched load) is joined by the prompts that arrived at its machine over one
+    iteration (Poisson, mean a = lambda t), first come first served while they fit in
+    the room its iteration has left (`_packing`; the first two are counted):
+    E = C [(1 - e^-a) E1 + (1 - e^-a (1 + a)) E2] tokens. Its own iteration is the one
+    with E more tokens (interpolated linearly in E between empty and full room), its
+    share of it by tokens, p / (p + E), is the prompt work it brings (the pool's load),
+    and a decoder riding along loses the whole batched iteration. The fixed point in
+    (a, C) is taken by `_BATCH_FIXED_POINT_STEPS` substitutions from no batching.
+    Returns (t (K,) the prompt's iteration, s (K,) its work, x (K,) a rider's loss)."""
+    from splitwise_jax.cluster.queueing import prob_wait
+
+    del mean_p
+    full = jnp.maximum(room, 1e-6)
+    first, second = _packing(prompt_w, p_tok, room)
+    extra = jnp.zeros_like(t0)
+    for _ in range(_BATCH_FIXED_POINT_STEPS):
+        g = extra / full
+        t = t0 + g * (t1 - t0)
+        s = t * p_tok / (p_tok + extra)
+        rho = lam_p * jnp.dot(prompt_w, s)
+        # queued at its machine: the arrivals over one iteration, and the pool's queue
+        # (M/M/c: rho / (1 - rho) given that it waits, shared by the c machines)
+        r = _QUEUE_RHO_MAX * smooth_min_one(rho / _QUEUE_RHO_MAX, _RHO_TEMPERATURE)
+        a = lam_p * jnp.dot(prompt_w, t) + r / (1.0 - r) / jnp.maximum(servers, 1.0)
+        none = jnp.exp(-a)
+        found = prob_wait(rho, servers) * ((1.0 - none) * first + (1.0 - none * (1.0 + a)) * second)
+        extra = smooth_min_pos(found, full, p=8.0)  # the smoothed "fits" may overshoot the room
+    g = extra / full
+    t = t0 + g * (t1 - t0)
+    return t, t * p_tok / (p_tok + extra), x0 + g * (x1 - x0)
 
 
 def window_share(residence_s, window_s):
@@ -180,7 +278,7 @@ def window_share(residence_s, window_s):
 
 
 def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                  ctx_tokens, batch, max_batch_tokens=2048.0, window_s=None) -> PoolState:
+                  ctx_tokens, batch, max_batch_tokens=2048.0, window_s=None, batch_prompts=None) -> PoolState:
     """A pool's state at a given decode batch B (no fixed-point solve).
 
     `batch_need` is what Little's law asks for at the resulting step time: equal to B at
@@ -191,9 +289,10 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     n = jnp.maximum(n_machines, 1e-6)
     lam_p = prompt_rate / n
     lam_d = decode_rate / n
-    t_p, e_t, busy, t_d, step, events, e_x, var_x, carry = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch,
-                                                           max_batch_tokens)
-    e_t2 = jnp.dot(prompt_w, t_p**2)
+    servers = None if batch_prompts is None else n
+    t_p, e_t, busy, t_d, step, events, e_x, var_x, carry, s_k = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens,
+                                                                      batch, max_batch_tokens, servers)
+    e_t2 = jnp.dot(prompt_w, s_k**2)
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
     decoding = 1.0 - jnp.exp(-batch)
     residual = (1.0 - busy) * decoding * 0.5 * t_d
@@ -205,7 +304,7 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
 
 
 def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-               ctx_tokens, batch_cap, max_batch_tokens=2048.0, window_s=None) -> PoolState:
+               ctx_tokens, batch_cap, max_batch_tokens=2048.0, window_s=None, batch_prompts=None) -> PoolState:
     """Steady state of a pool: solves Little's law for the decode batch B.
 
     Args:
@@ -221,14 +320,16 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
         window_s: arrival window T (s) of a run that starts empty and drains: Little's
             law then counts the population a decode step sees over it
             (`window_share`); None: the stationary law.
+        batch_prompts: None (one prompt per iteration) or 1.0: prompts that queue share
+            an iteration up to `max_batch_tokens` (`_batched_rates`).
     """
     if isinstance(decode_rate, (int, float)) and decode_rate == 0:
         # No decode traffic: Little's law's root is the floor of its log, B = 1e-12, with
         # no iteration to run (half the pool states a Splitwise cluster builds).
         return pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                             ctx_tokens, jnp.asarray(_NO_BATCH), max_batch_tokens)
+                             ctx_tokens, jnp.asarray(_NO_BATCH), max_batch_tokens, batch_prompts=batch_prompts)
     args = (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens,
-            batch_cap, max_batch_tokens, window_s)
+            batch_cap, max_batch_tokens, window_s, batch_prompts)
     return _steady_state(args)
 
 
@@ -239,7 +340,7 @@ def pool_states(*calls: dict) -> list[PoolState]:
     holds one copy of the iteration instead of one per pool. Otherwise one call each.
     Same answers either way."""
     names = ("timing", "n_machines", "prompt_rate", "prompt_w", "p_tok", "p_sq", "decode_rate",
-             "mean_decode_iters", "ctx_tokens", "batch_cap", "max_batch_tokens", "window_s")
+             "mean_decode_iters", "ctx_tokens", "batch_cap", "max_batch_tokens", "window_s", "batch_prompts")
     rows = [tuple(c.get(n) for n in names) for c in calls]
     flat = [jax.tree_util.tree_flatten(r) for r in rows]
     same = all(f[1] == flat[0][1] and [jnp.shape(x) for x in f[0]] == [jnp.shape(x) for x in flat[0][0]]
@@ -249,7 +350,7 @@ def pool_states(*calls: dict) -> list[PoolState]:
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]), *rows)
     if all(isinstance(c["decode_rate"], (int, float)) and c["decode_rate"] == 0 for c in calls):
         # prompt-only pools (as `pool_state`): the state at B = _NO_BATCH, no loop
-        out = jax.vmap(lambda a: pool_state_at(*a[:9], jnp.asarray(_NO_BATCH), a[10], a[11]))(stacked)
+        out = jax.vmap(lambda a: pool_state_at(*a[:9], jnp.asarray(_NO_BATCH), a[10], a[11], a[12]))(stacked)
     else:
         out = jax.vmap(_steady_state)(stacked)
     return [jax.tree_util.tree_map(lambda a, i=i: a[i], out) for i in range(len(calls))]
@@ -268,9 +369,9 @@ _NO_BATCH = 1e-12
 def _state_and_residual(args, log_b):
     """The pool's state at B = exp(log_b), and Little's-law residual r = log B - log need."""
     (timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters, ctx_tokens, batch_cap,
-     max_batch_tokens, window_s) = args
+     max_batch_tokens, window_s, batch_prompts) = args
     st = pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
-                       ctx_tokens, jnp.exp(log_b), max_batch_tokens, window_s)
+                       ctx_tokens, jnp.exp(log_b), max_batch_tokens, window_s, batch_prompts)
     return st, log_b - jnp.log(jnp.maximum(smooth_min_pos(st.batch_need, batch_cap, p=_MEMORY_P), _NO_BATCH))
 
 
