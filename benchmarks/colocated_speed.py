@@ -17,10 +17,7 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,30 +56,23 @@ def measure() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--compare-with", help="another checkout of this repository (e.g. a git worktree)")
-    ap.add_argument("--rounds", type=int, default=2, help="fresh processes per checkout, alternating")
-    ap.add_argument("--json", help="write the figures here")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--child" in argv:  # measured under the checkout on PYTHONPATH: import nothing from this one's root
         print(json.dumps(measure()))
         return 0
-    checkouts = [str(Path(__file__).resolve().parents[1])]
-    if args.compare_with:
-        checkouts.append(str(Path(args.compare_with).resolve()))
-    rows = {path: [] for path in checkouts}
-    for _ in range(args.rounds):
-        for path in checkouts:  # each in its own process: imports and caches do not mix
-            env = dict(os.environ, PYTHONPATH=path)
-            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"], env=env, cwd=path,
-                                  capture_output=True, text=True, check=True)
-            rows[path].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.program_size import child_results, compare_parser  # one way to compare checkouts
+
+    ap = compare_parser(__doc__)
+    ap.add_argument("--rounds", type=int, default=2, help="fresh processes per checkout, alternating")
+    args = ap.parse_args(argv)
+    rows = child_results(__file__, args.compare_with, args.rounds)
     print(f"{'checkout':40s} {'program':9s} {'build s':>16s} {'run ms':>16s}  value")
     for path, runs in rows.items():
         for prog in ("evaluate", "gradient"):
-            build = "-".join(f"{v:.2f}" for v in sorted({r[prog]['build_s'] for r in runs}))
-            run = "-".join(f"{v:.2f}" for v in sorted({r[prog]['run_ms'] for r in runs}))
+            b = [r[prog]["build_s"] for r in runs]
+            t = [r[prog]["run_ms"] for r in runs]
+            build, run = f"{min(b):.2f}-{max(b):.2f}", f"{min(t):.2f}-{max(t):.2f}"
             print(f"{path[-40:]:40s} {prog:9s} {build:>16s} {run:>16s}  {runs[0][prog]['value']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -91,24 +91,39 @@ def _table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def compare_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that runs itself under one or two checkouts: the
+    other checkout, where to write the figures, and the hidden child mode."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--compare-with", help="another checkout of this repository (e.g. a git worktree)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def child_results(script: str, compare_with: str | None, rounds: int = 1) -> dict[str, list[dict]]:
+    """`script --child` under this checkout's package and, with `compare_with`, that
+    one's (PYTHONPATH), alternating for `rounds` rounds, each run a fresh process (imports
+    and caches do not mix); per checkout, the JSON of each run's last line of output."""
+    checkouts = [str(Path(script).resolve().parents[1])]
+    if compare_with:
+        checkouts.append(str(Path(compare_with).resolve()))
+    rows = {path: [] for path in checkouts}
+    for _ in range(rounds):
+        for path in checkouts:
+            env = dict(os.environ, PYTHONPATH=path)
+            proc = subprocess.run([sys.executable, str(Path(script).resolve()), "--child"], env=env, cwd=path,
+                                  capture_output=True, text=True, check=True)
+            rows[path].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def main(argv=None) -> int:
+    args = compare_parser(__doc__).parse_args(argv)
     if args.child:
         print(json.dumps(measure()))
         return 0
-    rows = {}
-    checkouts = [str(Path(__file__).resolve().parents[1])]
-    if args.compare_with:
-        checkouts.append(str(Path(args.compare_with).resolve()))
-    for path in checkouts:  # each in its own process: imports and caches do not mix
-        env = dict(os.environ, PYTHONPATH=path)
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"], env=env, cwd=path,
-                              capture_output=True, text=True, check=True)
-        rows[path] = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = {path: runs[0] for path, runs in child_results(__file__, args.compare_with).items()}
     print(_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
