@@ -15,7 +15,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from splitwise_jax.cluster.pool import pool_state
-from splitwise_jax.cluster.queueing import Burstiness, burst_size, wait_model
+from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
 
@@ -42,7 +42,8 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     # prompts share iterations (pool._batched_rates)
     st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt,
                     window_s=window_s, batch_prompts=1.0)
-    wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s)
+    # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
+    wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)

@@ -148,7 +148,7 @@ def busy_table(wm: WaitModel, res: Resolution) -> BusyTable:
     # Far enough to cover queues growing over the window plus 8 standard deviations.
     x_max = jax.lax.stop_gradient(
         jnp.maximum(wm.drift, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
-        + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2)
+        + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2 + wm.shift_s)
     log_x0 = jnp.log(1e-5)
     dlog = (jnp.log(x_max) - log_x0) / (res.table_points - 1)
     xs = jnp.exp(log_x0 + dlog * jnp.arange(res.table_points))

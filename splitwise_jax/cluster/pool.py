@@ -296,7 +296,11 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     e_t2 = jnp.dot(prompt_w, s_k**2)
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
     decoding = 1.0 - jnp.exp(-batch)
-    residual = (1.0 - busy) * decoding * 0.5 * t_d
+    # A prompt routed by fewest pending tokens goes to a machine that runs no prompt
+    # whenever one exists (the wait law's 1 - C), and that machine is decoding: it waits
+    # for the iteration in flight, t_d / 2 on average, whatever the pool's prompt load
+    # (thirteenth session; it was (1 - busy) x that, a machine chosen at random).
+    residual = decoding * 0.5 * t_d
     need = lam_d * mean_decode_iters * step
     if window_s is not None:
         need = need * window_share(mean_decode_iters * step, window_s)

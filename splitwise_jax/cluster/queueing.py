@@ -17,6 +17,10 @@ Erlang C's for M/M/c. In overload every arrival waits and the unconditional vari
 applies. Arrivals are uniform over the window [0, T], so the wait distribution
 is the average of R(u) over u, taken by midpoint quadrature.
 
+Routed on arrival (colocated pools): the simulator sends a prompt to one machine when it
+arrives, so a prompt that waits waits first for that machine's iteration in flight; the
+busy branch is then shift + R(u) / c (`routed_residual_s`, `WaitModel.shift_s`).
+
 Why a diffusion rather than Pollaczek-Khinchine/Allen-Cunneen: the transient RBM law
 is one formula that is the stationary exponential tail when rho < 1, grows linearly
 (queues building over the window) when rho > 1, and passes smoothly through rho = 1.
@@ -54,6 +58,9 @@ class WaitModel(NamedTuple):
         var: variance of the wait process per second (s^2 / c^2).
         horizon_s: length of the arrival window T (s).
         rho: offered load lambda E[S] / c.
+        shift_s: the wait's floor given that the arrival waits (s): the iteration in
+            flight on the machine it was routed to (`routed_residual_s`); 0 for a
+            central queue.
     """
 
     p_wait: jnp.ndarray
@@ -61,6 +68,29 @@ class WaitModel(NamedTuple):
     var: jnp.ndarray
     horizon_s: jnp.ndarray
     rho: jnp.ndarray
+    shift_s: jnp.ndarray | float = 0.0
+
+
+# `routed_residual_s`'s share on colocated pools (the baselines), measured against our
+# simulator (docs/cluster.md §3, *Routed on arrival*); Splitwise prompt pools: 0.
+ROUTED_SHARE_COLOCATED = 0.5
+
+
+def routed_residual_s(mean_service_s, scv_service, servers, share):
+    """What routing at arrival adds to a wait: part of the iteration in flight.
+
+    SplitwiseSim routes a prompt on arrival to the machine with the fewest pending
+    tokens and it waits there; pending tokens count a running prompt whole, so when
+    every machine is busy the one chosen is about independent of how far its iteration
+    has run (as `flows_splitwise._queue_share` reads it), and the arrival waits for that
+    iteration's residual, E[S] (1 + cs^2) / 2, where a central queue waits for the first
+    of c to free, which the diffusion's R / c already holds (1 / c of it): the
+    difference is (1 - 1/c) E[S] (1 + cs^2) / 2, 0 for one machine. Fewest pending
+    tokens favours machines running small prompts, so a waiting arrival waits `share`
+    of that (docs/cluster.md §3, *Routed on arrival*, for the value and its origin).
+    """
+    c = jnp.maximum(servers, 1.0)
+    return share * (1.0 - 1.0 / c) * mean_service_s * (1.0 + scv_service) * 0.5
 
 
 def prob_wait(rho, servers):
@@ -104,7 +134,8 @@ def burst_size(idc):
     return 1.0 + 0.5 * jnp.where(pos, xs * xs / (xs + _BURST_SMOOTH), 0.0)
 
 
-def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, horizon_s) -> WaitModel:
+def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, horizon_s,
+               routed_share=0.0) -> WaitModel:
     """Wait law of a c-server FCFS queue.
 
     With a scalar ca^2 the arrivals are a renewal stream and the law is Kingman's (module
@@ -138,6 +169,9 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
         arrival_cv2: ca^2 of inter-arrival times of a renewal stream (1 = Poisson), or a
             `Burstiness`.
         horizon_s: arrival window T, seconds.
+        routed_share: share of the routed machine's iteration in flight a waiting
+            arrival waits beyond the central queue (`routed_residual_s`; 0: a central
+            queue; the colocated pools use `ROUTED_SHARE_COLOCATED`).
     """
     c = jnp.maximum(servers, 1e-6)
     rho = arrival_rate * mean_service_s / c
@@ -150,9 +184,10 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
     # mean wait; in overload (rho > 1, every arrival waits) it is the unconditional rho x
     # that, max(rho, 1) taken smoothly.
     busy = 1.0 + softplus(rho - 1.0, _C_TEMPERATURE)
+    shift = routed_residual_s(mean_service_s, scv_service, c, routed_share)
     if not isinstance(arrival_cv2, Burstiness):
         var = mean_service_s * (arrival_cv2 + scv_service) / c * busy
-        return WaitModel(c_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
+        return WaitModel(c_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho, shift)
     # Batches: the variance scaled so that P(wait) x the stationary mean is the mean wait
     # above (in overload, where C = P(wait) = 1, again E[S] (IDC + cs^2) / c x rho).
     idc = arrival_cv2.at(mean_service_s)
@@ -171,7 +206,7 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
     in_burst = jnp.where(some, in_burst / p_safe, 2.0 * (m - 1.0))
     excess = (idc - 2.0 * (m - 1.0) + scv_service) * ratio + in_burst
     var = mean_service_s * excess / c * busy
-    return WaitModel(p_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho)
+    return WaitModel(p_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho, shift)
 
 
 def ndtr(z):
@@ -211,7 +246,9 @@ def rbm_cdf(x, drift, var, t):
 
 
 def wait_cdf_busy(w, model: WaitModel, n_points: int):
-    """CDF of the wait given that the arrival waits, averaged over the arrival window."""
+    """CDF of the wait given that the arrival waits, averaged over the arrival window:
+    the routed machine's iteration in flight (`shift_s`) and then the queue's workload."""
     u = model.horizon_s * (jnp.arange(n_points) + 0.5) / n_points
-    vals = rbm_cdf(jnp.asarray(w)[..., None], model.drift, model.var, u)
+    x = jnp.maximum(jnp.asarray(w) - model.shift_s, 0.0)
+    vals = rbm_cdf(x[..., None], model.drift, model.var, u)
     return jnp.mean(vals, axis=-1)
