@@ -225,6 +225,18 @@ _VIOLATIONS = [
      [12.1601, 237.846, 0.753, 0.6142, 15.2612, 106.828]),
     ("splitwise-hhcap", "coding", "token-", [227.4451, 4.1567, 0.9635, 0.5729, 24.3047, 53.7557],
      [227.4451, 1.3542, 0.9635, 0.5729, 24.3047, 53.7557]),
+    # Monotone from the eleventh session (flows_splitwise._after_onset) until the
+    # thirteenth's decode residual (pool.pool_state_at: a prompt reaching a decoding
+    # machine waits t_d / 2 whatever the prompt load). At this corner (a 4 MB/s KV link)
+    # the mixed prompt machines hold moved decodes with a 74 ms iteration, so their
+    # prompts wait 37 ms, while a prompt drafted onto the nearly idle token pool waits
+    # 4 ms; from 107 to 301 req/s the drafted share of the smallest class rises from 3 %
+    # to 60 % and TTFT P50 falls 0.222 -> 0.213 s (full resolution 0.219 -> 0.213).
+    # Our simulator at 21 + 238 machines, same caps and link (2 seeds, 2026-12-05):
+    # TTFT P50 0.79 s at 107 req/s, 1.13-1.16 s at 150: it rises, and the model is 3.6x
+    # low here; the drafting route's wait law is what misses (issue 39).
+    ("splitwise-hhcap", "conversation", "rate", [21.4853, 237.846, 0.753, 0.6142, 15.2612, 106.828],
+     [21.4853, 237.846, 0.753, 0.6142, 15.2612, 300.9845]),
 ]
 
 
@@ -242,10 +254,6 @@ _FORMER_VIOLATIONS = [
     # its strict xfail passed).
     ("splitwise-ha", "conversation", "rate", [0.4881, 101.049, 0.9905, 0.3716, 23.5425, 192.0276],
      [0.4881, 101.049, 0.9905, 0.3716, 23.5425, 557.8984]),
-    # Monotone since the KV-memory wait starts once memory has filled (issue 39,
-    # flows_splitwise._after_onset; its strict xfail passed).
-    ("splitwise-hhcap", "conversation", "rate", [21.4853, 237.846, 0.753, 0.6142, 15.2612, 106.828],
-     [21.4853, 237.846, 0.753, 0.6142, 15.2612, 300.9845]),
     # Monotone since queued prompts share iterations on colocated pools (issue 39,
     # pool._batched_rates; their strict xfails passed).
     ("baseline-a100", "coding", "prompt-", [1.0616, 232.3693, 0.8507, 0.6109, 25.0549, 15.6935],
