@@ -221,8 +221,10 @@ STUDY_INTERNAL_IMPORTS = {
     "splitwise_jax.io.benchmark_rows": ("llm_for / machine_for: a benchmark row's LLM and machine, for the "
                                         "serving simulator", {"serving_validation.py"}),
     "splitwise_jax.cluster.cluster": ("the model `evaluate` itself, jax.vmap'ed on purpose into one "
-                                      "vectorised program (`sj.evaluate` maps row by row on CPU)",
-                                      {"validate_cluster.py", "catalogue_pairs.py"}),
+                                      "vectorised program (`sj.evaluate` maps row by row on CPU); the "
+                                      "request classes and resolution a decode route's pool state is "
+                                      "read with (colocated_tbt.py: the model's side of a decomposition)",
+                                      {"validate_cluster.py", "catalogue_pairs.py", "colocated_tbt.py"}),
 }
 
 
