@@ -173,3 +173,24 @@ def test_windowed_gradients_are_finite(timing):
         jnp.asarray(80.0), jnp.asarray(120.0))
     assert np.isfinite(float(g_rate)) and np.isfinite(float(g_win))
     assert float(g_rate) > 0.0 and float(g_win) > 0.0
+
+
+def test_interfered_share_is_the_uniform_start_law():
+    """A decode of length D started uniformly in a window of length T keeps
+    I = min(T - t, D) inside it; `interfered_share` is (E[I] / D, Var[I] / D^2). Checked
+    against the law's closed forms at D = T / 2 and D = 2 T, against a Monte Carlo
+    of 400,000 starts (its standard error ~5e-4 on the mean), and at the seam x = 1
+    (uniform on (0, D): mean 1/2, variance 1/12); gradients finite across 0 .. 10 T."""
+    from splitwise_jax.cluster.pool import interfered_share
+
+    mean, var = interfered_share(jnp.asarray([60.0, 240.0, 120.0]), 120.0)
+    np.testing.assert_allclose(mean, [0.75, 0.25, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(var, [2 / 3 - 0.75**2, 1 / 12 - 1 / 16, 1 / 12], rtol=1e-12)
+    rng = np.random.default_rng(0)
+    for d in (30.0, 150.0):
+        inside = np.minimum(120.0 - rng.uniform(0.0, 120.0, 400_000), d) / d
+        m, v = interfered_share(jnp.asarray(d), 120.0)
+        assert float(m) == pytest.approx(inside.mean(), abs=3e-3)
+        assert float(v) == pytest.approx(inside.var(), abs=3e-3)
+    g = jax.vmap(jax.grad(lambda x: sum(interfered_share(x, 120.0))))(jnp.linspace(0.0, 1200.0, 101))
+    assert np.all(np.isfinite(np.asarray(g)))

@@ -105,7 +105,7 @@ def components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixtures
     decodes = []    # per decode route: decode time, its variance, weight, each (J, K, M)
     for dr in flows.decode_routes:
         st = dr.state
-        steps = smooth_min_pos(cls.iters, dr.interfered_steps, 8.0)
+        steps = smooth_min_pos(cls.iters * dr.interfered_share, dr.interfered_steps, 8.0)
         lam = steps[None, :] * st.events_per_step * jnp.ones_like(cls.p)[:, None]         # (K, M)
         # The first step's wait joins the count as one more Poisson event whose chance
         # of at least one is `first_busy` (mean -log(1 - b)); each event costs the blend
@@ -122,7 +122,8 @@ def components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixtures
         dec = (dr.transfer_s[None, :, None] + dr.join_s + cls.iters[None, None, :] * st.decode_s
                + cm * x_mean + dr.burst_iters * st.interf_mean_s)
         dec_var = (cm * x_var + cv * x_mean**2 + dr.burst_iters * st.interf_var_s2
-                   + dr.burst_iters_var * st.interf_mean_s**2)
+                   + dr.burst_iters_var * st.interf_mean_s**2
+                   + dr.interfered_var * (st.events_per_step * st.interf_mean_s)**2)
         decodes.append((dec, dec_var, dr.weight * cls.w[None] * cw))
     prompts, ttft_parts = [], []
     for pr in flows.prompt_routes:

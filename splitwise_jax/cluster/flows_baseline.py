@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from splitwise_jax.cluster.pool import pool_state
+from splitwise_jax.cluster.pool import interfered_share, pool_state
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
@@ -47,7 +47,12 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
-    decode = DecodeRoute(st, jnp.ones_like(cls.w), zero, 0.0, burst, burst_var)
+    # prompts run only while requests arrive: a decode's steps past the window's end
+    # sit through none (pool.interfered_share)
+    window = horizon_s if window_s is None else window_s
+    inside, inside_var = interfered_share(cls.iters * st.step_s, window)
+    decode = DecodeRoute(st, jnp.ones_like(cls.w), zero, 0.0, burst, burst_var, interfered_share=inside,
+                         interfered_var=inside_var * cls.iters**2)
     return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (decode,),
                  st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
 

@@ -186,12 +186,17 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
                                                            True, mean_p, jnp.dot(prompt_w, p_sq))
         t_p, s_k, x_k = _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1)
     e_t = jnp.dot(prompt_w, s_k)
-    e_it = jnp.dot(prompt_w, t_p)   # a prompt iteration's length (batched or not)
+    # Iterations, not prompts: a prompt of class k brings s_k / t_k of its iteration
+    # (the rest is the prompts batched with it), so iterations weigh the classes by
+    # w_k s_k / t_k; unbatched (s = t) that is w.
+    it_w = prompt_w * s_k / jnp.maximum(t_p, 1e-12)
+    it_w = it_w / jnp.maximum(jnp.sum(it_w), 1e-12)
+    e_it = jnp.dot(it_w, t_p)       # a prompt iteration's length (batched or not)
     busy = smooth_min_one(lam_p * e_t, _RHO_TEMPERATURE)
     # What a decoder loses per prompt iteration it sits through (x_k): the prompt
     # iteration, less its own decode step when it rides along.
-    e_x = jnp.dot(prompt_w, x_k)
-    var_x = jnp.maximum(jnp.dot(prompt_w, x_k**2) - e_x**2, 0.0)
+    e_x = jnp.dot(it_w, x_k)
+    var_x = jnp.maximum(jnp.dot(it_w, x_k**2) - e_x**2, 0.0)
     frac = jsq_share(batch) * busy * e_x / e_it         # share of a decoder's time lost
     events = interruptions_per_step(frac, t_d, e_x)
     step = t_d + events * e_x
@@ -255,6 +260,27 @@ def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1):
     g = extra / full
     t = t0 + g * (t1 - t0)
     return t, t * p_tok / (p_tok + extra), x0 + g * (x1 - x0)
+
+
+def interfered_share(duration_s, window_s):
+    """The share of a decode's steps that fall inside the arrival window, where prompts
+    run, and that share's variance over where the decode starts. A decode of length D
+    starting uniformly in a window of length T that ends with the last arrival (after
+    it the run drains and no prompt runs) keeps I = min(T - t, D) of its time there:
+
+        E[I] / D   = 1 - x / 2 (x = D / T <= 1),   1 / (2 x) beyond,
+        E[I^2] / D^2 = 1 - 2 x / 3,                1 / (3 x^2) beyond,
+
+    both continuous with their slopes at x = 1 (fourteenth session: a colocated decode's
+    count of prompt iterations in our simulator grows with its length as ~10 + 0.3 per
+    step, not as the model's 0.7 per step; docs/validation.md). Returns (E[I] / D,
+    Var[I] / D^2)."""
+    x = duration_s / jnp.maximum(window_s, 1e-9)
+    big = jnp.maximum(x, 1.0)
+    inside = x <= 1.0
+    mean = jnp.where(inside, 1.0 - 0.5 * x, 0.5 / big)
+    sq = jnp.where(inside, 1.0 - 2.0 * x / 3.0, 1.0 / (3.0 * big**2))
+    return mean, jnp.maximum(sq - mean**2, 0.0)
 
 
 def window_share(residence_s, window_s):

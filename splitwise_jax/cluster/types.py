@@ -103,6 +103,11 @@ class DecodeRoute(NamedTuple):
     # them in a steady state; in a trace's queued regime only those before the pool's
     # backlog drains (`window.window_components`).
     interfered_steps: jax.Array | float = 1e9
+    # (M,) share of each output class's steps inside the arrival window, where prompts
+    # run (`pool.interfered_share`; 1: all of them).
+    interfered_share: jax.Array | float = 1.0
+    # (M,) variance of the number of those steps over where the decode starts (steps^2).
+    interfered_var: jax.Array | float = 0.0
     # The decode's first step waits out the prompt iteration its machine is running when
     # it arrives (the moved decodes, on mixed machines that run drafted prompts): that
     # chance, and the residual iteration's mean and second moment (s, s^2).
