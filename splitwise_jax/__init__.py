@@ -10,59 +10,63 @@ References:
     Splitting", ISCA 2024, arXiv 2311.18677.
 """
 
-from splitwise_jax.specs.batch import Batch as Batch
-from splitwise_jax.specs.catalog import get_gpu as get_gpu
-from splitwise_jax.specs.catalog import get_llm as get_llm
-from splitwise_jax.specs.catalog import get_machine as get_machine
-from splitwise_jax.specs.catalog import load_specs as load_specs
-from splitwise_jax.specs.catalog import llm_names as llm_names
-from splitwise_jax.specs.catalog import machine_names as machine_names
-from splitwise_jax.cluster.cluster import Cluster as Cluster
-from splitwise_jax.cluster.cluster import ClusterMetrics as ClusterMetrics
-from splitwise_jax.cluster.cluster import Resolution as Resolution
-from splitwise_jax.cluster.cluster import Scheduling as Scheduling
-from splitwise_jax.cluster.cluster import Transfer as Transfer
-# `evaluate` with a batching rule (cluster/batched.py): `jax.vmap` of it maps one
-# configuration at a time on CPU, as `sweep` does; values and gradients are the model's.
-from splitwise_jax.cluster.batched import evaluate as evaluate
-from splitwise_jax.cluster.metrics import Status as Status
-from splitwise_jax.cluster.strategies import STRATEGIES as STRATEGIES
-from splitwise_jax.cluster.chunked import ChunkedScheduling as ChunkedScheduling
-from splitwise_jax.cluster.designs import DESIGNS as DESIGNS
-from splitwise_jax.cluster.designs import PRESETS as PRESETS
-from splitwise_jax.cluster.designs import Design as Design
-from splitwise_jax.cluster.designs import Pool as Pool
-from splitwise_jax.cluster.designs import build_cluster as build_cluster
-from splitwise_jax.cluster.designs import make_cluster as make_cluster
-from splitwise_jax.cluster.designs import make_timing as make_timing
-from splitwise_jax.cluster.designs import PHASE_MODELS as PHASE_MODELS
-# One compiled program for every design of a strategy: names are static pytree metadata.
-from splitwise_jax.cluster.designs import uniform_names as uniform_names
-from splitwise_jax.specs.hardware import GPU as GPU
-from splitwise_jax.specs.hardware import Machine as Machine
-from splitwise_jax.specs.llm import LLM as LLM
-from splitwise_jax.specs.paper import PAPER_SLO as PAPER_SLO
-from splitwise_jax.phases.params import PhaseParams as PhaseParams
-from splitwise_jax.phases.params import default_params as default_params
-from splitwise_jax.phases.phases import mean_token_latency_s as mean_token_latency_s
-from splitwise_jax.phases.phases import mixed_latency_s as mixed_latency_s
-from splitwise_jax.phases.phases import prompt_latency_s as prompt_latency_s
-from splitwise_jax.phases.phases import token_latency_s as token_latency_s
-from splitwise_jax.phases.kv_transfer import layerwise_transfer_s as layerwise_transfer_s
-from splitwise_jax.phases.kv_transfer import serialized_transfer_s as serialized_transfer_s
-from splitwise_jax.phases.memory import fits as fits
-from splitwise_jax.phases.power import provisioned_power_w as provisioned_power_w
-# The measured profiles the phase model is calibrated on (pandas is imported inside the
-# functions, so these cost `import splitwise_jax` nothing).
-from splitwise_jax.phases.profiles import load_profiles as load_profiles
-from splitwise_jax.phases.profiles import profile_medians as profile_medians
-from splitwise_jax.cluster.workload import Workload as Workload
-from splitwise_jax.cluster.workload import coarsen as coarsen
-from splitwise_jax.cluster.workload import load_trace as load_trace
-
-# `workload` (the preset/trace loader) shares its name with the module; expose it as
-# `load_workload` so `splitwise_jax.cluster.workload` stays the module.
-from splitwise_jax.cluster.workload import workload as load_workload  # noqa: E402
+# Every public name loads on first use (PEP 562, `__getattr__` below): `import
+# splitwise_jax` imports neither JAX (~0.5 s) nor pandas, so a command line that does
+# not need them (a warm `python -m splitwise_jax.simulate`, docs/speed.md §10) starts in
+# the time of NumPy's import. `sj.evaluate` is `cluster.batched.evaluate`: `evaluate`
+# with a batching rule (`jax.vmap` of it maps one configuration at a time on CPU, as
+# `sweep` does); `uniform_names` gives one compiled program for every design of a
+# strategy (names are static pytree metadata); `load_profiles` and `profile_medians` are
+# the measured profiles the phase model is calibrated on; `load_workload` is the
+# preset/trace loader (`splitwise_jax.cluster.workload.workload`: the name `workload`
+# stays the module).
+_MODEL_NAMES = {
+    "Batch": ("splitwise_jax.specs.batch", "Batch"),
+    "get_gpu": ("splitwise_jax.specs.catalog", "get_gpu"),
+    "get_llm": ("splitwise_jax.specs.catalog", "get_llm"),
+    "get_machine": ("splitwise_jax.specs.catalog", "get_machine"),
+    "load_specs": ("splitwise_jax.specs.catalog", "load_specs"),
+    "llm_names": ("splitwise_jax.specs.catalog", "llm_names"),
+    "machine_names": ("splitwise_jax.specs.catalog", "machine_names"),
+    "Cluster": ("splitwise_jax.cluster.cluster", "Cluster"),
+    "ClusterMetrics": ("splitwise_jax.cluster.cluster", "ClusterMetrics"),
+    "Resolution": ("splitwise_jax.cluster.cluster", "Resolution"),
+    "Scheduling": ("splitwise_jax.cluster.cluster", "Scheduling"),
+    "Transfer": ("splitwise_jax.cluster.cluster", "Transfer"),
+    "evaluate": ("splitwise_jax.cluster.batched", "evaluate"),
+    "Status": ("splitwise_jax.cluster.metrics", "Status"),
+    "STRATEGIES": ("splitwise_jax.cluster.strategies", "STRATEGIES"),
+    "ChunkedScheduling": ("splitwise_jax.cluster.chunked", "ChunkedScheduling"),
+    "DESIGNS": ("splitwise_jax.cluster.designs", "DESIGNS"),
+    "PRESETS": ("splitwise_jax.cluster.designs", "PRESETS"),
+    "Design": ("splitwise_jax.cluster.designs", "Design"),
+    "Pool": ("splitwise_jax.cluster.designs", "Pool"),
+    "build_cluster": ("splitwise_jax.cluster.designs", "build_cluster"),
+    "make_cluster": ("splitwise_jax.cluster.designs", "make_cluster"),
+    "make_timing": ("splitwise_jax.cluster.designs", "make_timing"),
+    "PHASE_MODELS": ("splitwise_jax.cluster.designs", "PHASE_MODELS"),
+    "uniform_names": ("splitwise_jax.cluster.designs", "uniform_names"),
+    "GPU": ("splitwise_jax.specs.hardware", "GPU"),
+    "Machine": ("splitwise_jax.specs.hardware", "Machine"),
+    "LLM": ("splitwise_jax.specs.llm", "LLM"),
+    "PAPER_SLO": ("splitwise_jax.specs.paper", "PAPER_SLO"),
+    "PhaseParams": ("splitwise_jax.phases.params", "PhaseParams"),
+    "default_params": ("splitwise_jax.phases.params", "default_params"),
+    "mean_token_latency_s": ("splitwise_jax.phases.phases", "mean_token_latency_s"),
+    "mixed_latency_s": ("splitwise_jax.phases.phases", "mixed_latency_s"),
+    "prompt_latency_s": ("splitwise_jax.phases.phases", "prompt_latency_s"),
+    "token_latency_s": ("splitwise_jax.phases.phases", "token_latency_s"),
+    "layerwise_transfer_s": ("splitwise_jax.phases.kv_transfer", "layerwise_transfer_s"),
+    "serialized_transfer_s": ("splitwise_jax.phases.kv_transfer", "serialized_transfer_s"),
+    "fits": ("splitwise_jax.phases.memory", "fits"),
+    "provisioned_power_w": ("splitwise_jax.phases.power", "provisioned_power_w"),
+    "load_profiles": ("splitwise_jax.phases.profiles", "load_profiles"),
+    "profile_medians": ("splitwise_jax.phases.profiles", "profile_medians"),
+    "Workload": ("splitwise_jax.cluster.workload", "Workload"),
+    "coarsen": ("splitwise_jax.cluster.workload", "coarsen"),
+    "load_trace": ("splitwise_jax.cluster.workload", "load_trace"),
+    "load_workload": ("splitwise_jax.cluster.workload", "workload"),
+}
 
 __version__ = "0.1.0"
 
@@ -90,6 +94,7 @@ _PROTECTED = frozenset({"evaluate", "simulate"})
 # pandas it reads traces with (0.2-0.3 s) are not imported by `import splitwise_jax`, so
 # the model's command lines (`evaluate`, `optimize`) do not pay for them at start.
 _LAZY = {
+    **_MODEL_NAMES,
     "SimResult": ("splitwise_jax.simulate.api", "SimResult"),
     "simulate": ("splitwise_jax.simulate.api", "simulate"),
     "SimConfig": ("splitwise_jax.simulate.policies", "SimConfig"),

@@ -104,7 +104,7 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
     cpu_s = time.process_time() - cpu_loop
     a_ttft, a_tbt = _timing.alone_s(cluster.alone, trace.prompt_tokens.astype(np.float64))
     requests = report.request_table(raw, trace, a_ttft, a_tbt)
-    block_w = report.block_power_w(raw, cluster) if power else None
+    block_w = report.block_power_w(raw, cluster, engine.table_extents(trace, config)) if power else None
     machines = report.machine_table(raw, trace, cluster, block_w)
     metrics = report.metrics_dict(requests, raw, trace, cluster, slo, machines)
     t_end = time.perf_counter()

@@ -945,15 +945,20 @@ def run(cluster, trace: RequestTrace, cfg: SimConfig = SimConfig(), *, fast: dic
     )
 
 
-def build_fast_timings(cluster, trace: RequestTrace, cfg: SimConfig) -> dict:
-    """Fast timings of the prompt and token machine types, sized to the trace."""
+def table_extents(trace: RequestTrace, cfg: SimConfig) -> dict:
+    """The extents a run's tables need (`timing.fast_timing`, `timing.power_grid`)."""
     max_prompt = int(trace.prompt_tokens.max())
     # tokens of one iteration: the budget (or one larger prompt) plus decodes; a huge
     # budget is tabulated lazily (the tables grow on demand)
     budget = min(cfg.chunked_prefill_tokens or cfg.max_batch_tokens, 16384)
     max_tokens = max(budget, max_prompt) + cfg.max_batch_size
     max_ctx = int((trace.prompt_tokens + trace.output_tokens).max()) + 1
-    kw = dict(max_tokens=max_tokens, max_batch=cfg.max_batch_size, max_context=max_ctx)
+    return dict(max_tokens=max_tokens, max_batch=cfg.max_batch_size, max_context=max_ctx)
+
+
+def build_fast_timings(cluster, trace: RequestTrace, cfg: SimConfig) -> dict:
+    """Fast timings of the prompt and token machine types, sized to the trace."""
+    kw = table_extents(trace, cfg)
     prompt = _timing.fast_timing(cluster.prompt, **kw)
     token = _timing.fast_timing(cluster.token, **kw) if cluster.strategy.token_pool else prompt
     return {"prompt": prompt, "token": token}

@@ -171,8 +171,10 @@ def batch_histogram(raw: RawResult, trace: RequestTrace, pool: str | None = None
     return pd.DataFrame({"active_tokens": values, "time_s": time_s, "frac": frac, "cdf": np.cumsum(frac)})
 
 
-def block_power_w(raw: RawResult, cluster) -> np.ndarray:
-    """Per-GPU power of each executed block (one strategy call per machine type)."""
+def block_power_w(raw: RawResult, cluster, extents: dict | None = None) -> np.ndarray:
+    """Per-GPU power of each executed block, read from each machine type's power grid
+    (`timing.power_grid`) sized by `extents` (`engine.table_extents`; default: the
+    blocks' own)."""
     idx, start, end, b = _block_times(raw)
     out = np.zeros(idx.size)
     if idx.size == 0:
@@ -180,10 +182,13 @@ def block_power_w(raw: RawResult, cluster) -> np.ndarray:
     pools = np.asarray([m.pool for m in raw.machines])
     # decode blocks at their mean context
     C = b[:, 8] + b[:, 7] * np.maximum(b[:, 3] - 1, 0) * 0.5 * (b[:, 5] == 0)
+    if extents is None:
+        extents = dict(max_tokens=int(b[:, 4].max()) + 1, max_batch=int(b[:, 7].max()) + 1,
+                       max_context=int(np.max(C / np.maximum(b[:, 7], 1))) + 1)
     for pool, timing in (("prompt", cluster.prompt), ("token", cluster.token)):
         sel = pools[idx] == pool
         if np.any(sel):
-            out[sel] = _timing.batch_power_w(timing, b[sel, 4], b[sel, 5], b[sel, 6], b[sel, 7], C[sel])
+            out[sel] = _timing.power_grid(timing, **extents).many(b[sel, 4], b[sel, 5], b[sel, 6], b[sel, 7], C[sel])
     return out
 
 

@@ -29,8 +29,9 @@ command line has turned the persistent compilation cache on, kept on disk next t
 (`splitwise_jax._array_cache`): a warm `python -m splitwise_jax.simulate` reads the very
 arrays back instead of tracing, loading and running the strategy's program (~0.4-0.7 s
 of a 2-core machine for the calibrated strategy). The slowdown reference (`alone_s`) is
-a table of every whole prompt size, kept the same way. Power (`batch_power_w`) depends
-on each run's blocks, so it stays one compiled call per machine type.
+a table of every whole prompt size, kept the same way. Power is read from a grid of
+the strategy's power (`power_grid`, `GridTiming.many`), kept the same way, so a run's
+blocks need no program either.
 
 The strategy interface is reached through `iteration_s` / `power_w` below, the one place
 that knows how a strategy is called.
@@ -48,7 +49,8 @@ import numpy as np
 from splitwise_jax._batching import map_blocks
 from splitwise_jax.specs.batch import Batch
 
-__all__ = ["iteration_s", "power_w", "alone_s", "FastTiming", "TableTiming", "GridTiming", "fast_timing"]
+__all__ = ["iteration_s", "power_w", "alone_s", "FastTiming", "TableTiming", "GridTiming", "fast_timing",
+           "power_grid"]
 
 
 # --------------------------------------------------------------------------------------
@@ -324,8 +326,12 @@ class GridTiming(FastTiming):
     M_PER_DOUBLING = 4 / 3
     MIX_PROMPTS = (1, 2, 4, 8, 16)
 
-    def __init__(self, timing, max_tokens: int = 4096, max_batch: int = 512, max_context: int = 32768):
+    def __init__(self, timing, max_tokens: int = 4096, max_batch: int = 512, max_context: int = 32768,
+                 quantity: str = "iteration_s"):
+        if quantity not in _QUANTITIES:
+            raise ValueError(f"quantity must be one of {sorted(_QUANTITIES)}, got {quantity!r}")
         self.timing = timing
+        self.quantity = quantity
         self.max_tokens = int(max_tokens)
         self.max_batch = int(max_batch)
         self.max_context = int(max(max_context, 64))
@@ -335,11 +341,12 @@ class GridTiming(FastTiming):
         sizes = ("lattice", self.max_tokens, self.max_batch, self.max_context, self.CTX_PER_DOUBLING,
                  self.P_PER_DOUBLING, self.N_PROMPTS, self.U_POINTS, self.B_PER_DOUBLING, self.M_PER_DOUBLING,
                  self.MIX_PROMPTS)
-        t = _stored("GridTiming", self.timing, sizes, self._tables)
+        t = _stored(_QUANTITIES[self.quantity], self.timing, sizes, self._tables)
         # the event loop reads Python lists (faster per element than NumPy indexing)
         self._p_t = t["p_t"].tolist()
         self._d_m = t["d_m"].tolist()
         self._d_t = t["d_t"].tolist()
+        self._arrays = t  # the same tables as arrays, for `many`
         self._s_p, self._s_n, self._s_u = t["s_p"].tolist(), t["s_n"].tolist(), t["s_u"].tolist()
         self._s_d = t["s_d"]
         self._x_k, self._x_b, self._x_m = t["x_k"].tolist(), t["x_b"].tolist(), t["x_m"].tolist()
@@ -384,7 +391,8 @@ class GridTiming(FastTiming):
 
     def _eval(self, P, n, S, B, C):
         shape = np.shape(P)
-        return exact_iteration_s(self.timing, P, n, S, B, C).reshape(shape)
+        exact = exact_iteration_s if self.quantity == "iteration_s" else batch_power_w
+        return exact(self.timing, P, n, S, B, C).reshape(shape)
 
     @staticmethod
     def _seg(grid: list, x: float) -> tuple[int, float]:
@@ -433,12 +441,66 @@ class GridTiming(FastTiming):
             t += float(c[0] * (1 - wm) + c[1] * wm)
         return t
 
+    def many(self, P, n, S, B, C) -> np.ndarray:
+        """`iteration` at many batches at once (NumPy arrays of whole P, n, B), the same
+        interpolation vectorised; used for the blocks' power (`report.block_power_w`)."""
+        P, n, B = (np.asarray(x, dtype=np.int64) for x in (P, n, B))
+        S, C = (np.asarray(x, dtype=np.float64) for x in (S, C))
+        if P.size == 0:
+            return np.zeros(0)
+        if int(P.max()) > self.max_tokens or int(B.max()) > self.max_batch:
+            self.max_tokens = max(self.max_tokens, 2 * int(P.max()))
+            self.max_batch = max(self.max_batch, 2 * int(B.max()))
+            self._build()
+        m = C / np.maximum(B, 1)
+        # decode-only: exact in B, linear in the mean context
+        i, w = _segs(self._d_m, m)
+        d_t = self._arrays["d_t"]
+        out = np.where(P == 0, d_t[B, i] + w * (d_t[B, i + 1] - d_t[B, i]), 0.0)
+        has_p = P > 0
+        Pf = P.astype(np.float64)
+        out = out + np.where(has_p, self._arrays["p_t"][np.where(has_p, P, 0)], 0.0)
+        split = has_p & ((n != 1) | (S != Pf * Pf))
+        ip, wp = _segs(self._s_p, Pf)
+        i_n, wn = _segs(self._s_n, n.astype(np.float64))
+        iu, wu = _segs(self._s_u, np.where(split, S / np.maximum(Pf * Pf, 1.0), 1.0))
+        out = out + np.where(split, _multilinear(self._s_d, (ip, i_n, iu), (wp, wn, wu)), 0.0)
+        mixed = has_p & (B > 0)
+        ik, wk = _segs(self._x_k, n.astype(np.float64))
+        ib, wb = _segs(self._x_b, B.astype(np.float64))
+        im, wm = _segs(self._x_m, m)
+        return out + np.where(mixed, _multilinear(self._x_d, (ip, ik, ib, im), (wp, wk, wb, wm)), 0.0)
+
     def decode_block(self, B, C, k):
         t0 = self._decode(B, C)
         if k <= 1:
             return t0, 0.0
         t1 = self._decode(B, C + (k - 1) * B)
         return t0, (t1 - t0) / (k - 1)
+
+
+# What a grid tabulates, and the name its tables are kept under on disk.
+_QUANTITIES = {"iteration_s": "GridTiming", "power_w": "GridPower"}
+
+
+def _segs(grid, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`GridTiming._seg` at many points: indices i and weights w (extrapolating)."""
+    g = np.asarray(grid, dtype=np.float64)
+    i = np.clip(np.searchsorted(g, x, side="right") - 1, 0, g.size - 2)
+    return i, (x - g[i]) / (g[i + 1] - g[i])
+
+
+def _multilinear(arr: np.ndarray, idx: tuple, wts: tuple) -> np.ndarray:
+    """Multilinear interpolation of `arr` at many points (cell indices `idx`, weights
+    `wts`, one array per axis), reducing the axes in order as `GridTiming.iteration`
+    does, so the two agree to the last bit."""
+    c = np.empty((idx[0].size,) + (2,) * len(idx))
+    for bits in np.ndindex(*(2,) * len(idx)):
+        c[(slice(None),) + bits] = arr[tuple(i + b for i, b in zip(idx, bits))]
+    for w in wts:
+        w = w.reshape((-1,) + (1,) * (c.ndim - 2))
+        c = c[:, 0] * (1 - w) + c[:, 1] * w
+    return c
 
 
 # Built tables by strategy fingerprint: a sweep (the validation study, optimize
@@ -460,19 +522,41 @@ def fast_timing(timing, *, max_tokens: int = 4096, max_batch: int = 512, max_con
     table's values do not depend on its extent (the grids' knots lie on fixed lattices),
     so the answer does not depend on which table serves it.
     """
-    # Extents rounded up to powers of two: a grid's values do not depend on its extent
-    # (`_lattice`), so traces of similar sizes share one table, in the process and on disk.
+    if _is_table(timing):
+        return _cached(("time",), timing, max_tokens, max_batch, max_context,
+                       lambda t, b, c: TableTiming(timing, t, b))
+    return _cached(("time",), timing, max_tokens, max_batch, max_context,
+                   lambda t, b, c: GridTiming(timing, t, b, c))
+
+
+def power_grid(timing, *, max_tokens: int = 4096, max_batch: int = 512, max_context: int = 32768) -> GridTiming:
+    """Per-GPU power (W) of a strategy's iterations on the grids of `GridTiming`
+    (`.many` reads many batches at once): the calibrated model's power, which is also
+    the sim table's (`SimTableTiming.power_model`). Kept as `fast_timing`'s tables are.
+
+    Until 2026-12-05 each run's blocks were evaluated by a compiled call of the strategy
+    (exact, but a program per run: ~0.1-0.25 s of a warm `simulate`, and JAX in every
+    process); the grid's error against it is measured in tests/test_simulate.py (median
+    under 5e-4, worst under 1 % on random batches).
+    """
+    source = timing.power_model if _is_table(timing) else timing
+    return _cached(("power",), source, max_tokens, max_batch, max_context,
+                   lambda t, b, c: GridTiming(source, t, b, c, quantity="power_w"))
+
+
+def _cached(kind: tuple, timing, max_tokens, max_batch, max_context, make):
+    """The table `make(max_tokens, max_batch, max_context)` of a strategy, reused while a
+    kept one is at least as large. Extents are rounded up to powers of two: a grid's
+    values do not depend on its extent (`_lattice`), so traces of similar sizes share
+    one table, in the process and on disk."""
     max_tokens, max_batch, max_context = (1 << (max(int(x), 2) - 1).bit_length()
                                           for x in (max_tokens, max_batch, max_context))
-    key = _fingerprint(timing)
+    key = kind + _fingerprint(timing)
     old = _CACHE.get(key)
     if old is not None and old.max_tokens >= max_tokens and old.max_batch >= max_batch and \
             getattr(old, "max_context", max_context) >= max_context:
         return old
-    if _is_table(timing):
-        new = TableTiming(timing, max_tokens, max_batch)
-    else:
-        new = GridTiming(timing, max_tokens, max_batch, max_context)
+    new = make(max_tokens, max_batch, max_context)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = new
