@@ -62,6 +62,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from splitwise_jax.simulate import tables as _tables
 from splitwise_jax.simulate import timing as _timing
 from splitwise_jax.simulate.policies import SPLITWISESIM_WEIGHTS_BYTES, SimConfig
 from splitwise_jax.simulate.trace import RequestTrace
@@ -462,7 +463,7 @@ class _Sim:
         if m.pause or m.n_prompt_b > 0:
             return
         m.pause = True
-        j = _timing.iterations_done(m.t0, m.dt, self.now - m.start) + 1
+        j = _tables.iterations_done(m.t0, m.dt, self.now - m.start) + 1
         if j < m.k:
             m.k = j
             m.ver += 1
@@ -839,7 +840,7 @@ class _Sim:
         m.start = now
         m.pause = False
         m.ver += 1
-        self.push(now + _timing.cumulative_s(m.t0, m.dt, m.k), _EV_ITER, m, m.ver)
+        self.push(now + _tables.cumulative_s(m.t0, m.dt, m.k), _EV_ITER, m, m.ver)
 
     def complete_chunked(self, m: Machine) -> None:
         now = self.now
