@@ -39,22 +39,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from splitwise_jax._paths import package_digest  # noqa: F401  (part of the keys here and re-exported)
+
 _FOLDER = "exported"
 _lock = threading.Lock()
 _executables: dict[str, tuple] = {}
 _pending: dict[str, threading.Event] = {}
-
-
-@functools.lru_cache(maxsize=1)
-def package_digest() -> str:
-    """sha256 over every file of the installed package (path and bytes)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(root)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def cache_folder(name: str) -> Path | None:

@@ -9,6 +9,8 @@ parameters, compact workload distributions) ships in ``splitwise_jax/data``.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -54,3 +56,18 @@ def azure_trace_csv(name: str) -> Path:
 
 def validation_dir() -> Path:
     return shared_path("validation")
+
+
+@functools.lru_cache(maxsize=1)
+def package_digest() -> str:
+    """sha256 over every file of the installed package (path and bytes): part of the key
+    of everything kept on disk that the code computed (`_exported`, `_array_cache`,
+    `simulate.warm`). No JAX here, so a warm simulation can key its records without it."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+

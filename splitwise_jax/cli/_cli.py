@@ -26,13 +26,14 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
-import jax
+# JAX is imported where it is used, not here: a warm `python -m splitwise_jax.simulate`
+# parses its arguments and runs without it (simulate/warm.py).
 
 
 def process_seconds() -> float:
     """Seconds since this process started (interpreter start, imports included), read
     from Linux's /proc; elsewhere (or if /proc cannot be read) since this module was
-    imported, which is after JAX's own import."""
+    imported."""
     try:
         with open("/proc/self/stat") as fh:
             started = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks
@@ -48,6 +49,8 @@ _IMPORTED = time.perf_counter()
 
 def float64() -> None:
     """Compute in float64 from here on (the precision policy of every CLI)."""
+    import jax
+
     jax.config.update("jax_enable_x64", True)
 
 
@@ -254,6 +257,12 @@ def output_folder(flag: str, path: str | os.PathLike) -> Path:
     return p
 
 
+def cache_root() -> Path:
+    """The command lines' cache folder (`SPLITWISE_JAX_CACHE`, default
+    ~/.cache/splitwise_jax/xla), whether or not it exists."""
+    return Path(os.environ.get("SPLITWISE_JAX_CACHE", Path.home() / ".cache" / "splitwise_jax" / "xla"))
+
+
 def enable_cache(min_compile_s: float = 0.2) -> None:
     """Turn on JAX's persistent compilation cache for a CLI run (every CLI: one policy).
 
@@ -264,10 +273,12 @@ def enable_cache(min_compile_s: float = 0.2) -> None:
     `SPLITWISE_JAX_CACHE` moves the folder (default ~/.cache/splitwise_jax/xla); an
     unwritable folder leaves the cache off rather than failing the run.
     """
-    path = Path(os.environ.get("SPLITWISE_JAX_CACHE", Path.home() / ".cache" / "splitwise_jax" / "xla"))
+    path = cache_root()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
         return
+    import jax
+
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))

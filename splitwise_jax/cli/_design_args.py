@@ -97,25 +97,15 @@ def arrival_from_args(args) -> str | None:
 
 
 def replay_trace(path, rate_per_s: float | None = None):
-    """A trace file's requests at their own arrival times (`simulate.trace.from_csv`);
-    with a rate, the times compressed or stretched about the first arrival to that mean
-    rate, the curve's shape kept (as `workload.from_trace` rescales a trace's arrival
-    profile for the fluid model).
+    """A trace file's requests at their own arrival times, rescaled to `rate_per_s` if
+    given (`simulate.trace.replay`).
 
     Raises:
         ValueError: a malformed trace, or a rate for a trace without an arrival span.
     """
     from splitwise_jax.simulate import trace as trace_mod
 
-    tr = trace_mod.from_csv(path)
-    if rate_per_s is None:
-        return tr
-    if len(tr) < 2 or not tr.rate_per_s < math.inf:
-        raise ValueError(f"--rate: trace {path} has no arrival span to rescale; drop --rate")
-    t0 = tr.arrival_s[0]
-    scaled = t0 + (tr.arrival_s - t0) * (tr.rate_per_s / rate_per_s)
-    return trace_mod.RequestTrace(scaled, tr.prompt_tokens, tr.output_tokens, tr.request_id,
-                                  name=f"{tr.name}-at-{rate_per_s:g}rps")
+    return trace_mod.replay(path, rate_per_s)
 
 
 def workload_from_args(args, rate_per_s=None):

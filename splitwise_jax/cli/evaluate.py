@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from splitwise_jax.cli import _cli, _design_args
+from splitwise_jax.cli._table import format_table  # noqa: F401  (re-exported: splitwise_jax.evaluate reads it here)
 from splitwise_jax._exported import cached_jit
 from splitwise_jax.cluster.cluster import evaluate
 from splitwise_jax.cluster.metrics import STATUS_WORDS, metrics_to_dict, status_words  # noqa: F401  (re-exported)
@@ -38,27 +39,6 @@ STATUS_BITS = STATUS_WORDS
 # loads its program instead of tracing the model again (~4 s; `_exported`). The
 # parameter-uncertainty sigma points reuse it.
 _EVALUATE = cached_jit(evaluate, static_argnames=("resolution",))
-
-
-def format_table(d: dict, title: str) -> str:
-    lines = [title, f"{'metric':<10}{'P50':>12}{'P90':>12}{'P99':>12}   slowdown P50/P90/P99"]
-    for name in ("ttft", "tbt", "e2e"):
-        t = d[f"{name}_s"]
-        s = d["slowdown"][name]
-        lines.append(f"{name.upper() + ' (s)':<10}{t['p50']:>12.4f}{t['p90']:>12.4f}{t['p99']:>12.4f}   "
-                     f"{s['p50']:.2f} / {s['p90']:.2f} / {s['p99']:.2f}")
-    u = d["utilisation"]
-    lines += [
-        f"meets all nine Table VI SLOs: {'yes' if d['meets_slo'] else 'no'}",
-        f"throughput {d['throughput_rps']:.2f} req/s   cost ${d['cost_per_hour']:.2f}/h   "
-        f"power {d['power_kw']:.1f} kW (provisioned {d['provisioned_power_kw']:.1f} kW)",
-        f"prompt-pool load {u['prompt_pool_rho']:.2f}   token-pool batch {u['token_pool_mean_batch']:.1f}   "
-        f"KV memory pressure {u['kv_memory_pressure']:.2f}",
-        f"mixed pool: {100 * d['mixed_pool']['prompts_drafted_frac']:.1f}% prompts drafted, "
-        f"{100 * d['mixed_pool']['decodes_moved_frac']:.1f}% decodes moved",
-        f"status: {d['status']}",
-    ]
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:

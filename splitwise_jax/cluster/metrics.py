@@ -10,10 +10,12 @@ metrics are ordered TTFT, TBT, E2E (`METRICS`), the rows of the SLO table
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import jax
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: the simulator's report reads this module without JAX
+    import jax
 
 #: Percentile levels of every latency triple.
 LEVELS = (0.5, 0.9, 0.99)

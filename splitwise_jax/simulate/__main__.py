@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from pathlib import Path
+import time
 
-from splitwise_jax.cli import _cli, _design_args
+from splitwise_jax.cli import _cli
 
 # Long runs show a progress bar on stderr (tqdm) from this many requests on.
 PROGRESS_FROM_REQUESTS = 20_000
@@ -60,6 +59,7 @@ def _whole_machines(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from splitwise_jax.cli import _design_args
     from splitwise_jax.cluster.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES
 
     ap = argparse.ArgumentParser(prog="python -m splitwise_jax.simulate", description=__doc__.splitlines()[0],
@@ -108,9 +108,8 @@ def _workload_name(a) -> str:
 
 def make_trace(a):
     """The request trace the arguments ask for (ValueError naming the flag on bad input)."""
-    import numpy as np
-
-    from splitwise_jax.cluster.workload import load_trace, workload as load_workload
+    from splitwise_jax.cli import _design_args
+    from splitwise_jax.cluster.workload import workload as load_workload
     from splitwise_jax.simulate import trace as trace_mod
 
     a.workload = _workload_name(a)
@@ -125,29 +124,10 @@ def make_trace(a):
             raise ValueError(f"--horizon: a trace given as --workload is replayed over its own span "
                              f"({tr.arrival_s[-1] - tr.arrival_s[0]:.4g} s; --rate rescales it); drop --horizon, or "
                              "add --resample-poisson to draw Poisson arrivals over --horizon seconds")
-        return _design_args.replay_trace(path, a.rate)
+        return trace_mod.replay(path, a.rate)
     # --resample-poisson: SplitwiseSim's generator: exponential gaps, each size column
     # sampled on its own.
-    df = load_trace(path)
-    horizon = 120.0 if a.horizon is None else a.horizon
-    if a.rate is None:
-        gaps = np.diff(df["arrival_s"].to_numpy())
-        if gaps.size < 1 or gaps.mean() <= 0:
-            raise ValueError(f"--workload {path}: cannot read a rate from its arrival times; give --rate")
-        rate = 1.0 / float(gaps.mean())
-    else:
-        rate = a.rate
-    rng = np.random.default_rng(a.seed)
-    expected = rate * horizon
-    gaps = rng.exponential(1.0 / rate, size=int(expected + 10 * math.sqrt(expected) + 10))
-    arrival = np.cumsum(gaps)
-    arrival = arrival[arrival < horizon]
-    if arrival.size == 0:
-        raise ValueError(f"--horizon: no request arrives within {horizon:g} s at --rate {rate:g}")
-    p = rng.choice(np.round(df["prompt_tokens"].to_numpy()), size=arrival.size)
-    o = rng.choice(np.round(df["output_tokens"].to_numpy()), size=arrival.size)
-    return trace_mod.RequestTrace.from_arrays(arrival, np.maximum(p, 1), np.maximum(o, 1),
-                                              name=f"{Path(path).stem}-poisson-{rate:g}rps")
+    return trace_mod.resample_poisson(path, a.rate, 120.0 if a.horizon is None else a.horizon, a.seed)
 
 
 def check_simulable(design):
@@ -169,13 +149,39 @@ def check_simulable(design):
 
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from splitwise_jax.simulate import warm
+
+    got = warm.run(argv, PROGRESS_FROM_REQUESTS)  # the cluster's plan and tables kept on disk: no JAX
+    if got is not None:
+        _emit(*got)
+        return 0
+    key = None
+    if "--no-cache" not in argv:
+        key = warm.key_of(argv)  # before the environment changes
+        warm.record_reads()  # what the full run reads besides the trace, for `warm.save`
+    try:
+        return _full(argv, key)
+    finally:
+        warm.stop_recording()
+
+
+def _full(argv: list[str], key: str | None) -> int:
+    """The full run: the cluster built and read into its plan and tables (JAX), then
+    run; kept for later runs of the same cluster (`warm.save`) under `key`."""
+    from splitwise_jax.simulate import warm
+
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)
     ap = build_parser()
     a = ap.parse_args(argv)
 
+    from splitwise_jax.cli import _design_args
     from splitwise_jax.cluster.designs import build_cluster
-    from splitwise_jax.simulate import report, simulate
+    from splitwise_jax.cluster.workload import _PRESET_ALIASES
+    from splitwise_jax.simulate import engine
+    from splitwise_jax.simulate.api import run_plan
+    from splitwise_jax.simulate.plan import plan_of, tables_of
     from splitwise_jax.simulate.policies import simulated
 
     sizes = _design_args.sizes_from_args(ap, a)
@@ -193,11 +199,32 @@ def main(argv=None) -> int:
     if not a.no_cache:
         _cli.enable_cache()
     show = (a.progress or len(tr) >= PROGRESS_FROM_REQUESTS) and not a.no_progress
-    res = simulate(cluster, tr, config, progress=show)
+    # `simulate(cluster, tr, config)`, its two halves: the cluster read into numbers and
+    # tables (JAX), then the run (`run_plan`, what a warm run does with them read back)
+    t_setup = time.perf_counter()
+    plan = plan_of(cluster, config)
+    tables = tables_of(cluster, engine.table_extents(tr, config), int(tr.prompt_tokens.max()))
+    res = run_plan(plan, tables, tr, config, progress=show, setup_s=time.perf_counter() - t_setup)
     d = dict(res.metrics)
     d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
                    "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
     d["pools"] = pools
+    what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
+    title = (f"{design.name} ({what}{design.strategy.describe(design)}), {llm.name}, ",
+             f", {a.phase_model} phases, simulated")
+    lines = _design_args.pool_lines(pools)
+    _emit(res, d, outs, a.json, f"{title[0]}{len(tr)} requests ({tr.name}){title[1]}", lines)
+    path = _design_args.trace_file(a.workload)
+    if not a.no_cache and path is not None:  # a warm run replays or resamples trace files only
+        warm.save(key, argv, a, plan=plan, tables=tables, config=config, design=d["design"], pools=pools, title=title,
+                  pool_lines=lines, trace_path=path, preset_names=_PRESET_ALIASES)
+    return 0
+
+
+def _emit(res, d: dict, outs: dict, as_json: bool, title: str, pool_lines: list[str]) -> None:
+    """Write the output files and print the run (JSON, or the table and the pool lines)."""
+    from splitwise_jax.simulate import report
+
     if outs["--requests-out"] is not None:
         res.requests.to_csv(outs["--requests-out"], index=False)
     if outs["--machines-out"] is not None:
@@ -209,17 +236,14 @@ def main(argv=None) -> int:
             if (res.machines["pool"] == pool).any():
                 frames.append(report.batch_histogram(res.raw, res.trace, pool).assign(pool=pool))
         pd.concat(frames, ignore_index=True).to_csv(outs["--histogram-out"], index=False)
-    if a.json:
+    if as_json:
         print(json.dumps(d))
     else:
-        from splitwise_jax.cli.evaluate import format_table
-        what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
-        print(format_table(d, f"{design.name} ({what}{design.strategy.describe(design)}), {llm.name}, {len(tr)} "
-                              f"requests ({tr.name}), {a.phase_model} phases, simulated"))
-        print("\n".join(_design_args.pool_lines(pools)))
+        from splitwise_jax.cli._table import format_table
+        print(format_table(d, title))
+        print("\n".join(pool_lines))
         print(f"simulated in {res.wall_s:.2f} s (event loop) + {res.setup_s + res.report_s:.2f} s (timing set-up, "
               "metrics)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 
 from splitwise_jax.simulate import engine, report
-from splitwise_jax.simulate import timing as _timing
+from splitwise_jax.simulate.plan import SimPlan, SimTables, plan_of, tables_of
 from splitwise_jax.simulate.policies import SimConfig
 from splitwise_jax.simulate.trace import RequestTrace, from_csv
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["SimResult", "simulate", "run_plan"]
 
 
 class SimResult(NamedTuple):
@@ -67,7 +67,7 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
         slo: (3, 3) slowdown limits, rows TTFT/TBT/E2E, columns P50/P90/P99; default
             `cluster.PAPER_SLO` (Table VI).
         progress: show a progress bar (tqdm) over arrivals.
-        power: compute power and energy (one strategy call per machine type).
+        power: compute power and energy (from a grid of each machine type's power).
         fast: prebuilt fast timings (`engine.build_fast_timings`), to reuse across runs.
 
     Returns:
@@ -85,10 +85,25 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
     """
     if not isinstance(trace, RequestTrace):
         trace = from_csv(trace)
-    slo = _slo_default() if slo is None else slo
     t_setup = time.perf_counter()
-    if fast is None:
-        fast = engine.build_fast_timings(cluster, trace, config)
+    plan = plan_of(cluster, config)
+    tables = tables_of(cluster, engine.table_extents(trace, config), int(trace.prompt_tokens.max()), fast, power)
+    return run_plan(plan, tables, trace, config, slo=slo, progress=progress, power=power,
+                    setup_s=time.perf_counter() - t_setup)
+
+
+def run_plan(plan: SimPlan, tables: SimTables, trace: RequestTrace, config: SimConfig = SimConfig(), *,
+             slo=None, progress: bool = False, power: bool = True, setup_s: float = 0.0) -> SimResult:
+    """`simulate` of a cluster already read into its plan and tables (`plan.plan_of`,
+    `plan.tables_of`, or a warm command line's copies on disk): NumPy and Python only.
+
+    Args:
+        plan: the cluster's numbers.
+        tables: its timing tables, reaching the trace's extents.
+        trace, config, slo, progress, power: as `simulate`.
+        setup_s: seconds spent building `plan` and `tables` (reported in the result).
+    """
+    slo = _slo_default() if slo is None else slo
     t_loop = time.perf_counter()
     cpu_loop = time.process_time()
     bar = None
@@ -96,17 +111,17 @@ def simulate(cluster, trace: RequestTrace | str | os.PathLike, config: SimConfig
         from tqdm import tqdm
         bar = tqdm(total=len(trace), unit="req", desc="simulate", leave=False)
     try:
-        raw = engine.run(cluster, trace, config, fast=fast, progress=bar.update if bar is not None else None)
+        raw = engine.run(plan, trace, config, fast={"prompt": tables.prompt, "token": tables.token},
+                         progress=bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
     t_report = time.perf_counter()
     cpu_s = time.process_time() - cpu_loop
-    a_ttft, a_tbt = _timing.alone_s(cluster.alone, trace.prompt_tokens.astype(np.float64))
+    a_ttft, a_tbt = tables.alone_s(trace.prompt_tokens)
     requests = report.request_table(raw, trace, a_ttft, a_tbt)
-    block_w = report.block_power_w(raw, cluster, engine.table_extents(trace, config)) if power else None
-    machines = report.machine_table(raw, trace, cluster, block_w)
-    metrics = report.metrics_dict(requests, raw, trace, cluster, slo, machines)
+    block_w = report.block_power_w(raw, tables) if power else None
+    machines = report.machine_table(raw, trace, plan, block_w)
+    metrics = report.metrics_dict(requests, raw, trace, plan, slo, machines)
     t_end = time.perf_counter()
-    return SimResult(metrics, requests, machines, raw, trace, t_report - t_loop, t_loop - t_setup, t_end - t_report,
-                     cpu_s)
+    return SimResult(metrics, requests, machines, raw, trace, t_report - t_loop, setup_s, t_end - t_report, cpu_s)

@@ -63,8 +63,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from splitwise_jax.simulate import tables as _tables
-from splitwise_jax.simulate import timing as _timing
-from splitwise_jax.simulate.policies import SPLITWISESIM_WEIGHTS_BYTES, SimConfig
+from splitwise_jax.simulate.plan import SimPlan, plan_of
+from splitwise_jax.simulate.policies import SimConfig
 from splitwise_jax.simulate.trace import RequestTrace
 
 __all__ = ["Machine", "RawResult", "run"]
@@ -179,53 +179,36 @@ class RawResult(NamedTuple):
 
 
 class _Sim:
-    def __init__(self, cluster, trace: RequestTrace, cfg: SimConfig, fast: dict):
+    def __init__(self, plan: SimPlan, trace: RequestTrace, cfg: SimConfig, fast: dict):
         self.cfg = cfg
-        self.cluster = cluster
-        design = cluster.strategy
-        design.check(cluster)
-        if not design.simulated_as_is:
-            raise ValueError(f"a {cluster.kind!r} cluster runs in the simulator as simulate.policies.simulated(cluster) "
-                             "gives it (the cluster to run and its SimConfig), not as it is")
-        llm = cluster.prompt.llm
-        tr = cluster.transfer
-        self.kv_tok = float(llm.kv_bytes_per_token(bool(tr.ignore_gqa)))
-        ref = cfg.reference_memory if cfg.reference_memory is not None else bool(tr.ignore_gqa)
-        if ref and llm.name in SPLITWISESIM_WEIGHTS_BYTES:
-            weights = SPLITWISESIM_WEIGHTS_BYTES[llm.name]
-        else:
-            weights = float(llm.weight_bytes)
-        reserve = float(cluster.scheduling.memory_reserve_frac)
-        self.bw = float(tr.bandwidth_bytes_per_s)
-        self.setup = float(tr.setup_s)
-        self.layerwise = tr.mode == "layerwise"
-        self.n_layers = int(llm.n_layers)
+        self.plan = plan
+        self.kv_tok = plan.kv_bytes_per_token
+        weights = plan.weights_bytes
+        self.bw = plan.link_bytes_per_s
+        self.setup = plan.link_setup_s
+        self.layerwise = plan.layerwise
+        self.n_layers = plan.n_layers
         self.chunk = cfg.chunked_prefill_tokens
-        self.scheduler = cfg.scheduler or ("mixed_pool" if design.token_pool else "token_jsq")
+        self.scheduler = cfg.scheduler or ("mixed_pool" if plan.token_pool else "token_jsq")
         if self.chunk is not None and self.scheduler != "token_jsq":
             raise ValueError("chunked prefill (SimConfig.chunked_prefill_tokens) runs on colocated designs "
-                             f"(scheduler 'token_jsq'); this cluster is {cluster.kind!r} with scheduler "
+                             f"(scheduler 'token_jsq'); this cluster is {plan.kind!r} with scheduler "
                              f"{self.scheduler!r}")
-
-        def capacity(timing):
-            m = timing.machine
-            return float(m.gpus_per_machine) * float(m.gpu.hbm_bytes) * (1.0 - reserve)
 
         # Names as SplitwiseSim's per-request records give them (<hardware>_<index>, one
         # index sequence): prompt pool first when both pools share the hardware, token
         # pool first otherwise (its cluster configs list that server type first).
-        n_p = _whole("n_prompt", cluster.n_prompt)
-        hw_p = _hw_name(cluster.prompt)
-        n_t = _whole("n_token", cluster.n_token) if design.token_pool else 0
-        hw_t = _hw_name(cluster.token) if n_t else hw_p
+        n_p, hw_p = plan.prompt.count, plan.prompt.hw_name
+        n_t = plan.token.count if plan.token_pool else 0
+        hw_t = plan.token.hw_name if n_t else hw_p
         first_p, first_t = (0, n_p) if hw_t == hw_p else (n_t, 0)
         machines = []
         for i in range(n_p):
             machines.append(Machine(len(machines), f"{hw_p}_{first_p + i}", "prompt", fast["prompt"],
-                                    capacity(cluster.prompt), weights))
+                                    plan.prompt.kv_capacity_bytes, weights))
         for i in range(n_t):
             machines.append(Machine(len(machines), f"{hw_t}_{first_t + i}", "token", fast["token"],
-                                    capacity(cluster.token), weights))
+                                    plan.token.kv_capacity_bytes, weights))
         self.machines = machines
         self.prompt_pool = [m for m in machines if m.pool == "prompt"]
         self.token_pool = [m for m in machines if m.pool == "token"]
@@ -891,35 +874,27 @@ _smem = operator.attrgetter("smem")
 _bj = operator.attrgetter("bj")
 
 
-def _whole(name: str, v) -> int:
-    x = float(v)
-    if not (math.isfinite(x) and x >= 1 and abs(x - round(x)) < 1e-9):
-        raise ValueError(f"the simulator needs whole machines: cluster.{name} = {x!r} (round the pool size)")
-    return int(round(x))
-
-
-def _hw_name(timing) -> str:
-    m = timing.machine
-    name = str(m.gpu.name)
-    cap = float(np.asarray(timing.cap_frac))
-    # SplitwiseSim names its capped H100 profile "h100-80gb-pcap"
-    return name if cap >= 1.0 else f"{name}-pcap"
-
-
 def run(cluster, trace: RequestTrace, cfg: SimConfig = SimConfig(), *, fast: dict | None = None,
         progress: Callable[[int], None] | None = None) -> RawResult:
     """Simulate a trace on a cluster; see `splitwise_jax.simulate.simulate` for the public entry.
 
     Args:
-        cluster: a `Cluster` (`designs.make_cluster`) with whole pool sizes.
+        cluster: a `Cluster` (`designs.make_cluster`) with whole pool sizes, or its
+            `plan.SimPlan` (then `fast` is needed).
         trace: the requests.
         cfg: the policies' knobs.
         fast: {"prompt": FastTiming, "token": FastTiming} (built from the cluster if None).
         progress: called with the number of requests newly arrived, now and then.
     """
-    if fast is None:
-        fast = build_fast_timings(cluster, trace, cfg)
-    sim = _Sim(cluster, trace, cfg, fast)
+    if isinstance(cluster, SimPlan):
+        plan = cluster
+        if fast is None:
+            raise ValueError("engine.run of a SimPlan needs its fast timings (fast={'prompt': ..., 'token': ...})")
+    else:
+        plan = plan_of(cluster, cfg)
+        if fast is None:
+            fast = build_fast_timings(cluster, trace, cfg)
+    sim = _Sim(plan, trace, cfg, fast)
     # The loop allocates many small tuples and objects; the cyclic collector's passes
     # over them cost ~20 % of the loop and free nothing until the run ends.
     was_enabled = gc.isenabled()
@@ -959,6 +934,8 @@ def table_extents(trace: RequestTrace, cfg: SimConfig) -> dict:
 
 def build_fast_timings(cluster, trace: RequestTrace, cfg: SimConfig) -> dict:
     """Fast timings of the prompt and token machine types, sized to the trace."""
+    from splitwise_jax.simulate import timing as _timing
+
     kw = table_extents(trace, cfg)
     prompt = _timing.fast_timing(cluster.prompt, **kw)
     token = _timing.fast_timing(cluster.token, **kw) if cluster.strategy.token_pool else prompt

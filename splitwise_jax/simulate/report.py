@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from splitwise_jax.simulate import timing as _timing
 from splitwise_jax.simulate.engine import RawResult
+from splitwise_jax.simulate.plan import SimPlan
 from splitwise_jax.simulate.trace import RequestTrace
 from splitwise_jax.cluster.metrics import KEYS, LEVELS, MIXED_ACTIVE, Status
 from splitwise_jax.cluster.metrics import STATUS_WORDS as _STATUS_WORDS
@@ -96,7 +96,7 @@ def _window(raw: RawResult, trace: RequestTrace) -> tuple[float, float]:
     return start, max(float(raw.end_s), start + 1e-9)
 
 
-def machine_table(raw: RawResult, trace: RequestTrace, cluster, power_per_block_w: np.ndarray | None = None
+def machine_table(raw: RawResult, trace: RequestTrace, plan: SimPlan, power_per_block_w: np.ndarray | None = None
                   ) -> pd.DataFrame:
     """Per machine: busy time, prompt time, time-average decode batch and tokens, KV use.
 
@@ -127,7 +127,7 @@ def machine_table(raw: RawResult, trace: RequestTrace, cluster, power_per_block_
         "kv_occupancy": raw.kv_area / span / raw.kv_capacity,
     }
     if power_per_block_w is not None:
-        rows["energy_j"] = _machine_energy_j(raw, cluster, power_per_block_w, span)
+        rows["energy_j"] = _machine_energy_j(raw, plan, power_per_block_w, span)
     return pd.DataFrame(rows)
 
 
@@ -171,10 +171,9 @@ def batch_histogram(raw: RawResult, trace: RequestTrace, pool: str | None = None
     return pd.DataFrame({"active_tokens": values, "time_s": time_s, "frac": frac, "cdf": np.cumsum(frac)})
 
 
-def block_power_w(raw: RawResult, cluster, extents: dict | None = None) -> np.ndarray:
-    """Per-GPU power of each executed block, read from each machine type's power grid
-    (`timing.power_grid`) sized by `extents` (`engine.table_extents`; default: the
-    blocks' own)."""
+def block_power_w(raw: RawResult, tables) -> np.ndarray:
+    """Per-GPU power of each executed block, read from its machine type's power grid
+    (`plan.SimTables.prompt_power` / `token_power`, `timing.power_grid`)."""
     idx, start, end, b = _block_times(raw)
     out = np.zeros(idx.size)
     if idx.size == 0:
@@ -182,33 +181,27 @@ def block_power_w(raw: RawResult, cluster, extents: dict | None = None) -> np.nd
     pools = np.asarray([m.pool for m in raw.machines])
     # decode blocks at their mean context
     C = b[:, 8] + b[:, 7] * np.maximum(b[:, 3] - 1, 0) * 0.5 * (b[:, 5] == 0)
-    if extents is None:
-        extents = dict(max_tokens=int(b[:, 4].max()) + 1, max_batch=int(b[:, 7].max()) + 1,
-                       max_context=int(np.max(C / np.maximum(b[:, 7], 1))) + 1)
-    for pool, timing in (("prompt", cluster.prompt), ("token", cluster.token)):
+    for pool, grid in (("prompt", tables.prompt_power), ("token", tables.token_power)):
         sel = pools[idx] == pool
         if np.any(sel):
-            out[sel] = _timing.power_grid(timing, **extents).many(b[sel, 4], b[sel, 5], b[sel, 6], b[sel, 7], C[sel])
+            out[sel] = grid.many(b[sel, 4], b[sel, 5], b[sel, 6], b[sel, 7], C[sel])
     return out
 
 
-def _machine_energy_j(raw: RawResult, cluster, power_w: np.ndarray, span: float) -> np.ndarray:
+def _machine_energy_j(raw: RawResult, plan: SimPlan, power_w: np.ndarray, span: float) -> np.ndarray:
     idx, start, end, _ = _block_times(raw)
     dur = end - start
     out = np.zeros(len(raw.machines))
     for i, m in enumerate(raw.machines):
-        timing = cluster.prompt if m.pool == "prompt" else cluster.token
-        mach = timing.machine
-        gpus = float(mach.gpus_per_machine)
+        pool = plan.prompt if m.pool == "prompt" else plan.token
         sel = idx == i
         busy = float(dur[sel].sum())
         active = float(np.sum(power_w[sel] * dur[sel]))
-        idle_w = float(mach.gpu.idle_w)
-        out[i] = gpus * (active + idle_w * max(span - busy, 0.0)) + float(mach.host_power_w) * span
+        out[i] = pool.gpus * (active + pool.idle_w * max(span - busy, 0.0)) + pool.host_power_w * span
     return out
 
 
-def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cluster, slo,
+def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, plan: SimPlan, slo,
                  machines: pd.DataFrame) -> dict:
     """The `evaluate --json` object, measured on the run (see the module docstring)."""
     done = requests.dropna(subset=["ttft_s", "e2e_s"])
@@ -259,7 +252,7 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cl
     pm = requests["prompt_machine"].to_numpy()
     tm = requests["token_machine"].to_numpy()
     name_pool = dict(zip(machines["machine"], pools))
-    if not cluster.strategy.token_pool:  # one pool: nothing drafted or moved
+    if not plan.token_pool:  # one pool: nothing drafted or moved
         drafted = moved = 0.0
     else:
         drafted = float(np.mean([name_pool.get(x) == "token" for x in pm]))
@@ -280,12 +273,11 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, cl
     if len(done) < len(requests):
         words.append(f"incomplete:{len(requests) - len(done)}")
 
-    P, T = cluster.prompt, cluster.token
-    cost = n_p * float(P.machine.cost_per_hour) + (n_t * float(T.machine.cost_per_hour) if n_t else 0.0)
-    from splitwise_jax.phases import power as _power
-    prov = n_p * float(_power.provisioned_power_w(P.machine, P.cap_frac))
+    P, T = plan.prompt, plan.token
+    cost = n_p * P.cost_per_hour + (n_t * T.cost_per_hour if n_t else 0.0)
+    prov = n_p * P.provisioned_power_w
     if n_t:
-        prov += n_t * float(_power.provisioned_power_w(T.machine, T.cap_frac))
+        prov += n_t * T.provisioned_power_w
     power_kw = float(machines["energy_j"].sum()) / span / 1e3 if "energy_j" in machines else float("nan")
 
     return {

@@ -97,11 +97,16 @@ def alone_s(timing, prompt_tokens):
         # of two, the same values (the strategy is elementwise in the prompt size), kept
         # per strategy in the process and on disk, so that another trace of the same
         # machine type needs no program at all.
-        n = max(_CHUNK, 1 << int(top).bit_length())
-        t = _alone_table(timing, n)
+        t = alone_table(timing, int(top))
         i = p.astype(np.int64)
         return t[0][i], t[1][i]
     return _chunked(_alone_eval, timing, p)
+
+
+def alone_table(timing, max_prompt: int) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT, TBT) alone at every whole prompt size from 0 to at least `max_prompt` (a
+    power of two, at least `_CHUNK` sizes; kept in the process and on disk)."""
+    return _alone_table(timing, max(_CHUNK, 1 << int(max_prompt).bit_length()))
 
 
 # Whole prompt sizes up to this are read from a table (`alone_s`); larger ones evaluated.

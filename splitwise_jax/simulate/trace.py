@@ -13,12 +13,16 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
-from splitwise_jax.cluster.workload import Workload, load_trace
+from splitwise_jax.cluster.trace_file import load_trace
 
-__all__ = ["RequestTrace", "from_csv", "poisson"]
+if TYPE_CHECKING:
+    from splitwise_jax.cluster.workload import Workload
+
+__all__ = ["RequestTrace", "from_csv", "poisson", "replay", "resample_poisson"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -84,6 +88,8 @@ def from_csv(path: str | os.PathLike) -> RequestTrace:
     Raises:
         ValueError: a malformed file (the message names the file and the problem).
     """
+    import pandas as pd
+
     try:
         df = load_trace(path)
     except pd.errors.ParserError as e:
@@ -142,3 +148,56 @@ def poisson(workload: Workload, rate_per_s: float, horizon_s: float, seed: int =
     prompt = draw(workload.prompt_tokens, workload.prompt_weights)
     output = draw(workload.output_tokens, workload.output_weights)
     return RequestTrace(arrival, prompt, output, np.arange(n), name=f"{workload.name}-poisson-{rate_per_s:g}rps")
+
+
+def replay(path: str | os.PathLike, rate_per_s: float | None = None) -> RequestTrace:
+    """A trace file's requests at their own arrival times (`from_csv`); with a rate, the
+    times compressed or stretched about the first arrival to that mean rate, the curve's
+    shape kept (as `workload.from_trace` rescales a trace's arrival profile for the
+    fluid model).
+
+    Raises:
+        ValueError: a malformed trace, or a rate for a trace without an arrival span.
+    """
+    import math
+
+    tr = from_csv(path)
+    if rate_per_s is None:
+        return tr
+    if len(tr) < 2 or not tr.rate_per_s < math.inf:
+        raise ValueError(f"--rate: trace {path} has no arrival span to rescale; drop --rate")
+    t0 = tr.arrival_s[0]
+    scaled = t0 + (tr.arrival_s - t0) * (tr.rate_per_s / rate_per_s)
+    return RequestTrace(scaled, tr.prompt_tokens, tr.output_tokens, tr.request_id, name=f"{tr.name}-at-{rate_per_s:g}rps")
+
+
+def resample_poisson(path: str | os.PathLike, rate_per_s: float | None = None, horizon_s: float = 120.0,
+                     seed: int = 0) -> RequestTrace:
+    """Poisson arrivals at `rate_per_s` (default: the trace's mean rate) over
+    `horizon_s`, each size column sampled from the trace on its own (SplitwiseSim's
+    generator: exponential gaps, sizes drawn with replacement).
+
+    Raises:
+        ValueError: a malformed trace, a trace without a rate and none given, or no
+            arrival within the horizon (naming the command line's flags).
+    """
+    import math
+
+    df = load_trace(path)
+    if rate_per_s is None:
+        gaps = np.diff(df["arrival_s"].to_numpy())
+        if gaps.size < 1 or gaps.mean() <= 0:
+            raise ValueError(f"--workload {path}: cannot read a rate from its arrival times; give --rate")
+        rate_per_s = 1.0 / float(gaps.mean())
+    rng = np.random.default_rng(seed)
+    expected = rate_per_s * horizon_s
+    gaps = rng.exponential(1.0 / rate_per_s, size=int(expected + 10 * math.sqrt(expected) + 10))
+    arrival = np.cumsum(gaps)
+    arrival = arrival[arrival < horizon_s]
+    if arrival.size == 0:
+        raise ValueError(f"--horizon: no request arrives within {horizon_s:g} s at --rate {rate_per_s:g}")
+    p = rng.choice(np.round(df["prompt_tokens"].to_numpy()), size=arrival.size)
+    o = rng.choice(np.round(df["output_tokens"].to_numpy()), size=arrival.size)
+    return RequestTrace.from_arrays(arrival, np.maximum(p, 1), np.maximum(o, 1),
+                                    name=f"{os.path.splitext(os.path.basename(str(path)))[0]}-poisson-{rate_per_s:g}rps")
+
