@@ -62,7 +62,7 @@ def validation_dir() -> Path:
 def package_digest() -> str:
     """sha256 over every file of the installed package (path and bytes): part of the key
     of everything kept on disk that the code computed (`_exported`, `_array_cache`,
-    `simulate.warm`). No JAX here, so a warm simulation can key its records without it."""
+    `cli.simulate_warm`). No JAX here, so a warm simulation can key its records without it."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):

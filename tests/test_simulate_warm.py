@@ -1,4 +1,4 @@
-"""A warm `python -m splitwise_jax.simulate` (simulate/warm.py): the cluster's plan and
+"""A warm `python -m splitwise_jax.simulate` (cli/simulate_warm.py): the cluster's plan and
 tables read back from disk, the run made without JAX, the output byte for byte the
 full run's; and every way a record must not be used."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED, needs_shared
-from splitwise_jax.simulate import warm
+from splitwise_jax.cli import simulate_warm as warm
 from splitwise_jax.simulate.__main__ import main
 
 pytestmark = needs_shared  # the reference's traces and the sim table's profiles
@@ -122,7 +122,7 @@ def test_a_warm_process_imports_no_jax(cache, tmp_path):
     env = dict(os.environ, SPLITWISE_JAX_CACHE=str(cache))
     full = subprocess.run([sys.executable, "-m", "splitwise_jax.simulate", *argv], capture_output=True, text=True,
                           env=env, check=True)
-    code = ("import sys\nfrom splitwise_jax.simulate.__main__ import main\nfrom splitwise_jax.simulate import warm\n"
+    code = ("import sys\nfrom splitwise_jax.simulate.__main__ import main\nfrom splitwise_jax.cli import simulate_warm as warm\n"
             f"main({argv!r})\nassert warm.LAST_MISS is None, warm.LAST_MISS\n"
             "assert 'jax' not in sys.modules, 'JAX was imported'\n")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -239,8 +239,8 @@ def _package_names(package: str) -> set[str]:
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-            if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets):
-                names |= {k.value for k in node.value.keys}
+            if any(isinstance(t, ast.Name) and t.id in ("_LAZY", "_MODEL_NAMES") for t in node.targets):
+                names |= {k.value for k in node.value.keys if k is not None}  # None: a `**` of another dict
     return names
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
 # JAX is imported where it is used, not here: a warm `python -m splitwise_jax.simulate`
-# parses its arguments and runs without it (simulate/warm.py).
+# parses its arguments and runs without it (cli/simulate_warm.py).
 
 
 def process_seconds() -> float:

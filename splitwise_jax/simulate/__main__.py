@@ -150,7 +150,7 @@ def check_simulable(design):
 def main(argv=None) -> int:
     """Command-line entry point; bad arguments or inputs exit 2 with a message."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    from splitwise_jax.simulate import warm
+    from splitwise_jax.cli import simulate_warm as warm
 
     got = warm.run(argv, PROGRESS_FROM_REQUESTS)  # the cluster's plan and tables kept on disk: no JAX
     if got is not None:
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
 def _full(argv: list[str], key: str | None) -> int:
     """The full run: the cluster built and read into its plan and tables (JAX), then
     run; kept for later runs of the same cluster (`warm.save`) under `key`."""
-    from splitwise_jax.simulate import warm
+    from splitwise_jax.cli import simulate_warm as warm
 
     _cli.float64()  # before any array is built (the precision policy of every CLI)
     _cli.fast_compile()  # before JAX starts its backend (the compile policy of every CLI)

@@ -8,7 +8,7 @@ timing tables of its machine types. `SimPlan` holds those numbers (`plan_of` rea
 from a cluster, once, on the JAX side) and `SimTables` the tables (`tables_of` builds
 them from the cluster's strategies, `timing`). Every run goes through them
 (`api.run_plan`): `simulate(cluster, trace)` builds both, and a warm command line
-(`warm`) reads both back from disk and runs without importing JAX, with the same
+(`cli.simulate_warm`) reads both back from disk and runs without importing JAX, with the same
 numbers and the same tables, so the same output byte for byte.
 """
 

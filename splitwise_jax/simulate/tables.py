@@ -4,7 +4,7 @@ A simulated run times 10^4-10^5 iterations one at a time; these classes answer f
 tables of a phase-timing strategy evaluated once, vectorised (`timing` builds them
 from the strategy, with JAX; see its docstring for what each table holds and how
 exact it is). Kept apart from `timing` so that a run whose tables are already on disk
-(a warm `python -m splitwise_jax.simulate`, `warm`) imports no JAX at all:
+(a warm `python -m splitwise_jax.simulate`, `cli.simulate_warm`) imports no JAX at all:
 `TokenTable` (exact lookup of the sim table) and `GridTable` (interpolated grids of
 any strategy's time or power) take their arrays, and raise `TablesTooSmall` if a batch
 needs rows they were not given; the strategy-backed subclasses in `timing` grow them
