@@ -116,7 +116,7 @@ def test_a_changed_input_file_is_read_again(cache, tmp_path, capsys):
     assert changed["pools"][1]["count"] == 3 and first["pools"][1]["count"] == 2
 
 
-def test_a_warm_process_imports_no_jax(cache, tmp_path):
+def test_a_warm_process_imports_neither_jax_nor_pandas(cache, tmp_path):
     tr = _trace(tmp_path)
     argv = [*SMALL, "--workload", str(tr), "--phase-model", "splitwise-sim-table", "--json"]
     env = dict(os.environ, SPLITWISE_JAX_CACHE=str(cache))
@@ -124,7 +124,8 @@ def test_a_warm_process_imports_no_jax(cache, tmp_path):
                           env=env, check=True)
     code = ("import sys\nfrom splitwise_jax.simulate.__main__ import main\nfrom splitwise_jax.cli import simulate_warm as warm\n"
             f"main({argv!r})\nassert warm.LAST_MISS is None, warm.LAST_MISS\n"
-            "assert 'jax' not in sys.modules, 'JAX was imported'\n")
+            "assert 'jax' not in sys.modules, 'JAX was imported'\n"
+            "assert 'pandas' not in sys.modules, 'pandas was imported'\n")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert got.returncode == 0, got.stderr
     assert got.stdout == full.stdout

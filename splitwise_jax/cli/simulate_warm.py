@@ -5,8 +5,8 @@ the designs, the phase models and their tables are JAX code. Once a command line
 done that for a cluster, the numbers and tables are kept on disk next to the
 compilation cache, and a later command line naming the same cluster - whatever its
 trace, rate, seed or outputs - reads them back and runs the event loop and the report
-with NumPy and pandas alone (`api.run_plan`): about half a second less per process,
-JAX's import (docs/speed.md §10).
+with NumPy alone (`api.run_plan`; pandas only to write the CSV outputs): about 0.7 s
+less per process, JAX's and pandas' imports (docs/speed.md §10-11).
 
 What names "the same cluster": the command line with its trace, output and progress
 arguments taken out (`_TRACE_AND_OUTPUT`, parsed here by a parser that knows only

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["load_trace"]
+__all__ = ["load_trace", "read_trace_columns"]
 
 _SPLITWISESIM_COLUMNS = (
     "request_id",
@@ -66,6 +67,57 @@ def load_trace(path: str | os.PathLike) -> pd.DataFrame:
             request_type or batch_size, unsorted timestamps).
     """
     import pandas as pd  # imported here, not at the top (see the top's note)
+    return pd.DataFrame(read_trace_columns(path))
+
+
+def read_trace_columns(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """`load_trace`'s columns as NumPy arrays (float64): the same checks, values and
+    errors, without pandas for a plain numeric file (`_numeric_table`)."""
+    source = f"trace {path}"
+    table = _numeric_table(path)
+    if table is not None:
+        names, values = table
+        index = {name: i for i, name in enumerate(names)}
+        fmt = _detect_format(names, source)
+        if fmt != "Azure":  # Azure's timestamps are text: pandas reads them
+            return _normalise(fmt, len(values), lambda column: values[:, index[column]], None, source)
+    return _read_with_pandas(path, source)
+
+
+def _numeric_table(path) -> tuple[list[str], np.ndarray] | None:
+    """(header names, (rows, columns) float64 values) of a CSV whose every field is a
+    plain finite number, read with NumPy; None for anything else (quoted or repeated
+    header names, a byte-order mark, text, empty or non-finite fields, ragged rows),
+    which pandas then reads and, where it is bad input, reports.
+
+    NumPy's text reader parses each field with CPython's correctly rounded
+    string-to-double conversion, as pandas' round-trip parser does: the values are the
+    same to the last bit (tests/test_trace_file.py compares them on every shared trace
+    and on 200,000 random doubles); without pandas' import (~0.2 s), a warm
+    `python -m splitwise_jax.simulate` is that much quicker (docs/speed.md §11).
+    """
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            header = f.readline().rstrip("\r\n")
+            names = header.split(",")
+            if (not header or len(set(names)) != len(names)
+                    or any(not _PLAIN_NAME.fullmatch(name) for name in names)):
+                return None
+            with warnings.catch_warnings():  # "input contained no data": pandas reports it
+                warnings.simplefilter("ignore")
+                values = np.loadtxt(f, delimiter=",", dtype=np.float64, comments=None, ndmin=2, quotechar=None)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if values.shape[0] == 0 or values.shape[1] != len(names) or not np.all(np.isfinite(values)):
+        return None
+    return names, values
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _read_with_pandas(path, source: str) -> dict[str, np.ndarray]:
+    import pandas as pd  # imported here, not at the top (see the top's note)
     try:
         # A replay reproduces the file's timestamps to the last bit. The default float
         # parser of pandas before 3.1 can differ from them in the 16th digit (pandas 2.3
@@ -73,10 +125,33 @@ def load_trace(path: str | os.PathLike) -> pd.DataFrame:
         # round-trip parsing (0 of 2,000); pandas 3.1 parses exactly by default and
         # deprecates the argument.
         exact = {"float_precision": "round_trip"} if _version(pd.__version__) < (3, 1) else {}
-        raw = pd.read_csv(path, **exact)
+        df = pd.read_csv(path, **exact)
     except pd.errors.EmptyDataError:
         raise ValueError(f"trace {path} is empty; expected a CSV with a header") from None
-    return _normalise(raw, f"trace {path}")
+    return _normalise_frame(df, source)
+
+
+def _normalise_frame(df: pd.DataFrame, source: str) -> dict[str, np.ndarray]:
+    """Checks a trace read by pandas (any accepted format); returns the normalised columns."""
+    import pandas as pd  # imported here, not at the top (see the top's note)
+    fmt = _detect_format(df.columns, source)
+
+    def column(name):
+        return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64)
+
+    def stamps():
+        try:
+            got = pd.to_datetime(df["TIMESTAMP"], format="ISO8601")
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"{source}: column TIMESTAMP must hold datetime strings such as "
+                f"'2023-11-16 18:17:03.97996' ({err})"
+            ) from None
+        if got.isna().any():
+            raise ValueError(f"{source}: column TIMESTAMP has {got.isna().sum()} missing values")
+        return (got - got.iloc[0]).dt.total_seconds().to_numpy()
+
+    return _normalise(fmt, len(df), column, stamps, source)
 
 
 def _detect_format(columns, source: str) -> str:
@@ -103,9 +178,8 @@ def _version(text: str) -> tuple[int, int]:
     return int(major.group()), int(minor.group())
 
 
-def _numeric_column(df: pd.DataFrame, column: str, source: str) -> np.ndarray:
-    import pandas as pd  # imported here, not at the top (see the top's note)
-    values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=np.float64)
+def _numeric_column(column_of, column: str, source: str) -> np.ndarray:
+    values = column_of(column)
     bad = ~np.isfinite(values)
     if bad.any():
         raise ValueError(
@@ -115,23 +189,14 @@ def _numeric_column(df: pd.DataFrame, column: str, source: str) -> np.ndarray:
     return values
 
 
-def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
-    """Checks a trace in any accepted format; returns the normalised columns."""
-    import pandas as pd  # imported here, not at the top (see the top's note)
-    fmt = _detect_format(df.columns, source)
-    if len(df) == 0:
+def _normalise(fmt: str, n_rows: int, column_of, azure_arrivals, source: str) -> dict[str, np.ndarray]:
+    """Checks a trace in any accepted format (`fmt`, its columns read by `column_of`
+    as float64, NaN where not a number; an Azure trace's arrivals by `azure_arrivals`);
+    returns the normalised columns."""
+    if n_rows == 0:
         raise ValueError(f"{source} has a header but no requests")
     if fmt == "Azure":
-        try:
-            stamps = pd.to_datetime(df["TIMESTAMP"], format="ISO8601")
-        except (ValueError, TypeError) as err:
-            raise ValueError(
-                f"{source}: column TIMESTAMP must hold datetime strings such as "
-                f"'2023-11-16 18:17:03.97996' ({err})"
-            ) from None
-        if stamps.isna().any():
-            raise ValueError(f"{source}: column TIMESTAMP has {stamps.isna().sum()} missing values")
-        arrival = (stamps - stamps.iloc[0]).dt.total_seconds().to_numpy()
+        arrival = azure_arrivals()
         arrival_col, prompt_col, output_col = _AZURE_COLUMNS
     else:
         arrival_col, prompt_col, output_col = (
@@ -139,10 +204,10 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
             if fmt == "SplitwiseSim"
             else _NORMALISED_COLUMNS
         )
-        arrival = _numeric_column(df, arrival_col, source)
+        arrival = _numeric_column(column_of, arrival_col, source)
     if fmt == "SplitwiseSim":
         for column, accepted in (("request_type", _SPLITWISESIM_LLM_REQUEST), ("batch_size", 1)):
-            values = _numeric_column(df, column, source)
+            values = _numeric_column(column_of, column, source)
             if np.any(values != accepted):
                 raise ValueError(
                     f"{source}: column {column} must be {accepted} on every row "
@@ -156,17 +221,15 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
         )
     sizes = {}
     for column in (prompt_col, output_col):
-        values = _numeric_column(df, column, source)
+        values = _numeric_column(column_of, column, source)
         if np.any(values < 1):
             raise ValueError(
                 f"{source}: column {column} must be >= 1 token, found {values.min():g} "
                 f"at data row {np.argmax(values < 1)}"
             )
         sizes[column] = values
-    return pd.DataFrame(
-        {
-            "arrival_s": arrival.astype(np.float64),
-            "prompt_tokens": sizes[prompt_col],
-            "output_tokens": sizes[output_col],
-        }
-    )
+    return {
+        "arrival_s": np.array(arrival, dtype=np.float64),
+        "prompt_tokens": np.array(sizes[prompt_col], dtype=np.float64),
+        "output_tokens": np.array(sizes[output_col], dtype=np.float64),
+    }

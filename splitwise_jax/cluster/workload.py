@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # imported where used: pandas is 0.2 s of every command line'
     import pandas as pd
 
 from splitwise_jax._paths import PACKAGE_DATA
-from splitwise_jax.cluster.trace_file import _AZURE_COLUMNS, _SPLITWISESIM_COLUMNS, _normalise, load_trace  # noqa: F401
+from splitwise_jax.cluster.trace_file import _AZURE_COLUMNS, _SPLITWISESIM_COLUMNS, _normalise_frame, load_trace  # noqa: F401
 
 PRESET_RATE_PER_S = 70.0
 """Default arrival rate of the presets, req/s: the load of the paper's Fig. 12."""
@@ -343,7 +343,7 @@ class Workload:
         if arrival not in _ARRIVALS:
             raise ValueError(f"arrival must be one of {list(_ARRIVALS)}, got {arrival!r}")
         if isinstance(trace, pd.DataFrame):
-            df = _normalise(trace, "the DataFrame")
+            df = pd.DataFrame(_normalise_frame(trace, "the DataFrame"))
             name = "trace" if name is None else name
         else:
             df = load_trace(trace)

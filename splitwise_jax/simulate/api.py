@@ -2,45 +2,69 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from splitwise_jax.simulate import engine, report
 from splitwise_jax.simulate.plan import SimPlan, SimTables, plan_of, tables_of
 from splitwise_jax.simulate.policies import SimConfig
 from splitwise_jax.simulate.trace import RequestTrace, from_csv
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["SimResult", "simulate", "run_plan"]
 
 
-class SimResult(NamedTuple):
+class SimResult:
     """A simulated run.
 
     Attributes:
         metrics: the `evaluate --json` object measured on the run (`report.metrics_dict`).
-        requests: one row per request (`report.request_table`).
-        machines: one row per machine (`report.machine_table`).
+        requests: one row per request (`report.request_table`), a DataFrame built on
+            first use (`request_columns` holds its columns as NumPy arrays).
+        machines: one row per machine (`report.machine_table`), likewise built on first
+            use from `machine_columns`.
         raw: the engine's arrays (`engine.RawResult`), e.g. for `report.batch_histogram`.
         trace: the trace simulated.
         wall_s: seconds spent in the event loop (`setup_s` before it, building the fast
             timing; `report_s` after it, metrics and power).
         cpu_s: CPU seconds of this process in the event loop (on a shared machine, closer
             to what the loop would take alone than `wall_s`).
+
+    The tables are DataFrames on demand so that a run that only prints its metrics
+    (a warm command line) never imports pandas (~0.2 s; docs/speed.md §11).
     """
 
-    metrics: dict
-    requests: pd.DataFrame
-    machines: pd.DataFrame
-    raw: engine.RawResult
-    trace: RequestTrace
-    wall_s: float
-    setup_s: float
-    report_s: float
-    cpu_s: float
+    def __init__(self, metrics: dict, request_columns: dict, machine_columns: dict, raw: engine.RawResult,
+                 trace: RequestTrace, wall_s: float, setup_s: float, report_s: float, cpu_s: float):
+        self.metrics = metrics
+        self.request_columns = request_columns
+        self.machine_columns = machine_columns
+        self.raw = raw
+        self.trace = trace
+        self.wall_s = wall_s
+        self.setup_s = setup_s
+        self.report_s = report_s
+        self.cpu_s = cpu_s
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        import pandas as pd
+        return pd.DataFrame(self.request_columns)
+
+    @functools.cached_property
+    def machines(self) -> pd.DataFrame:
+        import pandas as pd
+        return pd.DataFrame(self.machine_columns)
+
+    def __repr__(self) -> str:
+        return (f"SimResult({len(self.trace)} requests of {self.trace.name!r}, meets_slo={self.metrics['meets_slo']}, "
+                f"event loop {self.wall_s:.3g} s)")
 
     def histogram(self, pool: str | None = None, include_idle: bool = True) -> pd.DataFrame:
         """Time-weighted active-token histogram of a pool (see `report.batch_histogram`)."""
@@ -119,9 +143,9 @@ def run_plan(plan: SimPlan, tables: SimTables, trace: RequestTrace, config: SimC
     t_report = time.perf_counter()
     cpu_s = time.process_time() - cpu_loop
     a_ttft, a_tbt = tables.alone_s(trace.prompt_tokens)
-    requests = report.request_table(raw, trace, a_ttft, a_tbt)
+    requests = report.request_columns(raw, trace, a_ttft, a_tbt)
     block_w = report.block_power_w(raw, tables) if power else None
-    machines = report.machine_table(raw, trace, plan, block_w)
+    machines = report.machine_columns(raw, trace, plan, block_w)
     metrics = report.metrics_dict(requests, raw, trace, plan, slo, machines)
     t_end = time.perf_counter()
     return SimResult(metrics, requests, machines, raw, trace, t_report - t_loop, setup_s, t_end - t_report, cpu_s)

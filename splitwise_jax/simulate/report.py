@@ -20,8 +20,9 @@ time-weighted batch-size histograms (Splitwise Fig. 17) are separate tables.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from splitwise_jax.simulate.engine import RawResult
 from splitwise_jax.simulate.plan import SimPlan
@@ -29,8 +30,11 @@ from splitwise_jax.simulate.trace import RequestTrace
 from splitwise_jax.cluster.metrics import KEYS, LEVELS, MIXED_ACTIVE, Status
 from splitwise_jax.cluster.metrics import STATUS_WORDS as _STATUS_WORDS
 
-__all__ = ["PERCENTILES", "request_table", "metrics_dict", "machine_table", "batch_histogram",
-           "percentiles", "STATUS_WORDS"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PERCENTILES", "request_table", "request_columns", "metrics_dict", "machine_table", "machine_columns",
+           "batch_histogram", "percentiles", "STATUS_WORDS"]
 
 PERCENTILES = LEVELS
 _PCT = KEYS
@@ -57,13 +61,20 @@ def percentiles(x: np.ndarray) -> np.ndarray:
 def request_table(raw: RawResult, trace: RequestTrace, alone_ttft_s: np.ndarray,
                   alone_tbt_s: np.ndarray) -> pd.DataFrame:
     """One row per request: sizes, timings, machines, the alone reference."""
+    import pandas as pd
+    return pd.DataFrame(request_columns(raw, trace, alone_ttft_s, alone_tbt_s))
+
+
+def request_columns(raw: RawResult, trace: RequestTrace, alone_ttft_s: np.ndarray,
+                    alone_tbt_s: np.ndarray) -> dict[str, np.ndarray]:
+    """`request_table`'s columns, as NumPy arrays (no pandas)."""
     arrival = trace.arrival_s
     o = trace.output_tokens.astype(np.float64)
     ttft = raw.prompt_end - arrival
     e2e = raw.token_end - arrival
     names = np.asarray([m.name for m in raw.machines] + [""], dtype=object)
     a_e2e = alone_ttft_s + alone_tbt_s * (o - 1.0)
-    return pd.DataFrame({
+    return {
         "request_id": trace.request_id,
         "arrival_s": arrival,
         "prompt_tokens": trace.prompt_tokens,
@@ -83,7 +94,7 @@ def request_table(raw: RawResult, trace: RequestTrace, alone_ttft_s: np.ndarray,
         "ttft_alone_s": alone_ttft_s,
         "tbt_alone_s": alone_tbt_s,
         "e2e_alone_s": a_e2e,
-    })
+    }
 
 
 def _block_times(raw: RawResult):
@@ -102,6 +113,13 @@ def machine_table(raw: RawResult, trace: RequestTrace, plan: SimPlan, power_per_
 
     Fractions are of the window from the first arrival to the last completion.
     """
+    import pandas as pd
+    return pd.DataFrame(machine_columns(raw, trace, plan, power_per_block_w))
+
+
+def machine_columns(raw: RawResult, trace: RequestTrace, plan: SimPlan, power_per_block_w: np.ndarray | None = None
+                    ) -> dict[str, np.ndarray]:
+    """`machine_table`'s columns, as NumPy arrays and lists (no pandas)."""
     t0, t1 = _window(raw, trace)
     span = t1 - t0
     idx, start, end, b = _block_times(raw)
@@ -128,7 +146,7 @@ def machine_table(raw: RawResult, trace: RequestTrace, plan: SimPlan, power_per_
     }
     if power_per_block_w is not None:
         rows["energy_j"] = _machine_energy_j(raw, plan, power_per_block_w, span)
-    return pd.DataFrame(rows)
+    return rows
 
 
 def batch_histogram(raw: RawResult, trace: RequestTrace, pool: str | None = None, *,
@@ -168,6 +186,7 @@ def batch_histogram(raw: RawResult, trace: RequestTrace, pool: str | None = None
             time_s = np.concatenate([[idle], time_s])
     total = time_s.sum()
     frac = time_s / total if total > 0 else time_s
+    import pandas as pd
     return pd.DataFrame({"active_tokens": values, "time_s": time_s, "frac": frac, "cdf": np.cumsum(frac)})
 
 
@@ -201,18 +220,26 @@ def _machine_energy_j(raw: RawResult, plan: SimPlan, power_w: np.ndarray, span: 
     return out
 
 
-def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, plan: SimPlan, slo,
-                 machines: pd.DataFrame) -> dict:
-    """The `evaluate --json` object, measured on the run (see the module docstring)."""
-    done = requests.dropna(subset=["ttft_s", "e2e_s"])
+def metrics_dict(requests, raw: RawResult, trace: RequestTrace, plan: SimPlan, slo, machines) -> dict:
+    """The `evaluate --json` object, measured on the run (see the module docstring).
+
+    `requests` and `machines` are `request_columns` and `machine_columns` (or their
+    DataFrames, `request_table` and `machine_table`)."""
+    def col(table, name):
+        return np.asarray(table[name])
+
+    n_requests = col(requests, "ttft_s").size
+    done = ~np.isnan(col(requests, "ttft_s")) & ~np.isnan(col(requests, "e2e_s"))
+    n_done = int(done.sum())
     trip = {}
     for name in ("ttft", "tbt", "e2e"):
-        trip[name] = percentiles(done[f"{name}_s"].to_numpy())
-        trip["sd_" + name] = percentiles((done[f"{name}_s"] / done[f"{name}_alone_s"]).to_numpy())
+        x = col(requests, f"{name}_s")[done]
+        trip[name] = percentiles(x)
+        trip["sd_" + name] = percentiles(x / col(requests, f"{name}_alone_s")[done])
     slowdowns = np.stack([trip["sd_ttft"], trip["sd_tbt"], trip["sd_e2e"]])
     with np.errstate(divide="ignore", invalid="ignore"):
         margins = np.log(np.asarray(slo, dtype=np.float64) / slowdowns)
-    meets = bool(np.all(margins > 0)) and len(done) == len(requests)
+    meets = bool(np.all(margins > 0)) and n_done == n_requests
 
     def as_dict(a):
         return {k: float(v) for k, v in zip(_PCT, a)}
@@ -226,16 +253,16 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, pl
     # which would bias a completion count over a 2-minute window.
     a0, a1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
     lo = a0 + 0.25 * (a1 - a0)
-    firsts = requests["prompt_end_s"].to_numpy()
+    firsts = col(requests, "prompt_end_s")
     n_in = int(np.sum((firsts >= lo) & (firsts <= a1)))
-    throughput = n_in / (a1 - lo) if a1 > lo and n_in > 0 else len(done) / span
+    throughput = n_in / (a1 - lo) if a1 > lo and n_in > 0 else n_done / span
 
-    pools = machines["pool"].to_numpy()
+    pools = col(machines, "pool")
     is_p, is_t = pools == "prompt", pools == "token"
     n_p, n_t = int(is_p.sum()), int(is_t.sum())
 
     def pool_mean(col, sel):
-        return float(machines.loc[sel, col].mean()) if sel.any() else 0.0
+        return float(np.mean(np.asarray(machines[col])[sel])) if sel.any() else 0.0
 
     # the arrival window, for the overload flags
     idx, start, end, b = _block_times(raw)
@@ -249,16 +276,16 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, pl
 
     decode_pool = is_t if n_t else is_p
     pressure = pool_mean("kv_occupancy", decode_pool)
-    pm = requests["prompt_machine"].to_numpy()
-    tm = requests["token_machine"].to_numpy()
-    name_pool = dict(zip(machines["machine"], pools))
+    pm = col(requests, "prompt_machine")
+    tm = col(requests, "token_machine")
+    name_pool = dict(zip(col(machines, "machine"), pools))
     if not plan.token_pool:  # one pool: nothing drafted or moved
         drafted = moved = 0.0
     else:
         drafted = float(np.mean([name_pool.get(x) == "token" for x in pm]))
         has_decode = trace.output_tokens > 1
         moved = float(np.mean([name_pool.get(x) == "prompt" for x in tm[has_decode]])) if has_decode.any() else 0.0
-    mem_waits = raw.flow_retries / max(len(requests), 1)
+    mem_waits = raw.flow_retries / max(n_requests, 1)
 
     status = Status.OK
     if rho_p_win >= _OVERLOAD_BUSY:
@@ -270,15 +297,15 @@ def metrics_dict(requests: pd.DataFrame, raw: RawResult, trace: RequestTrace, pl
     if drafted > _MIXED_ACTIVE or moved > _MIXED_ACTIVE:
         status |= Status.MIXED_POOL_ACTIVE
     words = [w for bit, w in STATUS_WORDS.items() if status & bit] or ["ok"]
-    if len(done) < len(requests):
-        words.append(f"incomplete:{len(requests) - len(done)}")
+    if n_done < n_requests:
+        words.append(f"incomplete:{n_requests - n_done}")
 
     P, T = plan.prompt, plan.token
     cost = n_p * P.cost_per_hour + (n_t * T.cost_per_hour if n_t else 0.0)
     prov = n_p * P.provisioned_power_w
     if n_t:
         prov += n_t * T.provisioned_power_w
-    power_kw = float(machines["energy_j"].sum()) / span / 1e3 if "energy_j" in machines else float("nan")
+    power_kw = float(np.sum(col(machines, "energy_j"))) / span / 1e3 if "energy_j" in machines else float("nan")
 
     return {
         "ttft_s": as_dict(trip["ttft"]), "tbt_s": as_dict(trip["tbt"]), "e2e_s": as_dict(trip["e2e"]),

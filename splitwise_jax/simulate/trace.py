@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitwise_jax.cluster.trace_file import load_trace
+from splitwise_jax.cluster.trace_file import read_trace_columns
 
 if TYPE_CHECKING:
     from splitwise_jax.cluster.workload import Workload
@@ -88,18 +89,19 @@ def from_csv(path: str | os.PathLike) -> RequestTrace:
     Raises:
         ValueError: a malformed file (the message names the file and the problem).
     """
-    import pandas as pd
-
     try:
-        df = load_trace(path)
-    except pd.errors.ParserError as e:
-        raise ValueError(f"trace {path}: not a CSV trace ({str(e).strip()})") from None
+        cols = read_trace_columns(path)
+    except ValueError as e:
+        pandas = sys.modules.get("pandas")  # its parser's errors: a file that is not a CSV
+        if pandas is not None and isinstance(e, pandas.errors.ParserError):
+            raise ValueError(f"trace {path}: not a CSV trace ({str(e).strip()})") from None
+        raise
     name = os.path.splitext(os.path.basename(str(path)))[0]
     return RequestTrace(
-        arrival_s=df["arrival_s"].to_numpy(np.float64),
-        prompt_tokens=np.maximum(np.round(df["prompt_tokens"].to_numpy()), 1),
-        output_tokens=np.maximum(np.round(df["output_tokens"].to_numpy()), 1),
-        request_id=np.arange(len(df)),
+        arrival_s=cols["arrival_s"],
+        prompt_tokens=np.maximum(np.round(cols["prompt_tokens"]), 1),
+        output_tokens=np.maximum(np.round(cols["output_tokens"]), 1),
+        request_id=np.arange(cols["arrival_s"].size),
         name=name,
     )
 
@@ -183,9 +185,9 @@ def resample_poisson(path: str | os.PathLike, rate_per_s: float | None = None, h
     """
     import math
 
-    df = load_trace(path)
+    cols = read_trace_columns(path)
     if rate_per_s is None:
-        gaps = np.diff(df["arrival_s"].to_numpy())
+        gaps = np.diff(cols["arrival_s"])
         if gaps.size < 1 or gaps.mean() <= 0:
             raise ValueError(f"--workload {path}: cannot read a rate from its arrival times; give --rate")
         rate_per_s = 1.0 / float(gaps.mean())
@@ -196,8 +198,8 @@ def resample_poisson(path: str | os.PathLike, rate_per_s: float | None = None, h
     arrival = arrival[arrival < horizon_s]
     if arrival.size == 0:
         raise ValueError(f"--horizon: no request arrives within {horizon_s:g} s at --rate {rate_per_s:g}")
-    p = rng.choice(np.round(df["prompt_tokens"].to_numpy()), size=arrival.size)
-    o = rng.choice(np.round(df["output_tokens"].to_numpy()), size=arrival.size)
+    p = rng.choice(np.round(cols["prompt_tokens"]), size=arrival.size)
+    o = rng.choice(np.round(cols["output_tokens"]), size=arrival.size)
     return RequestTrace.from_arrays(arrival, np.maximum(p, 1), np.maximum(o, 1),
                                     name=f"{os.path.splitext(os.path.basename(str(path)))[0]}-poisson-{rate_per_s:g}rps")
 
