@@ -61,6 +61,9 @@ class WaitModel(NamedTuple):
         shift_s: the wait's floor given that the arrival waits (s): the iteration in
             flight on the machine it was routed to (`routed_residual_s`); 0 for a
             central queue.
+        residual_s: mean of an exponential wait added, given that the arrival waits,
+            to the queue's (s): the routed machine's iteration in flight as a random
+            residual (`routed_residual_s`; Splitwise prompt pools); 0 for none.
     """
 
     p_wait: jnp.ndarray
@@ -69,11 +72,16 @@ class WaitModel(NamedTuple):
     horizon_s: jnp.ndarray
     rho: jnp.ndarray
     shift_s: jnp.ndarray | float = 0.0
+    residual_s: jnp.ndarray | float = 0.0
 
 
 # `routed_residual_s`'s share on colocated pools (the baselines), measured against our
 # simulator (docs/cluster.md §3, *Routed on arrival*); Splitwise prompt pools: 0.
 ROUTED_SHARE_COLOCATED = 0.5
+# The same residual's share on Splitwise prompt pools, as an exponential wait (the
+# iteration in flight of the machine a prompt was routed to; `WaitModel.residual_s`),
+# measured against our simulator (docs/cluster.md §3, *Routed on arrival*).
+ROUTED_RESIDUAL_SHARE_PROMPT_POOL = 0.2
 
 
 def routed_residual_s(mean_service_s, scv_service, servers, share):
@@ -135,7 +143,7 @@ def burst_size(idc):
 
 
 def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, horizon_s,
-               routed_share=0.0) -> WaitModel:
+               routed_share=0.0, routed_residual_share=0.0) -> WaitModel:
     """Wait law of a c-server FCFS queue.
 
     With a scalar ca^2 the arrivals are a renewal stream and the law is Kingman's (module
@@ -172,6 +180,9 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
         routed_share: share of the routed machine's iteration in flight a waiting
             arrival waits beyond the central queue (`routed_residual_s`; 0: a central
             queue; the colocated pools use `ROUTED_SHARE_COLOCATED`).
+        routed_residual_share: the same share of the iteration in flight, waited as an
+            exponential of that mean rather than a fixed floor (`WaitModel.residual_s`;
+            Splitwise prompt pools use `ROUTED_RESIDUAL_SHARE_PROMPT_POOL`).
     """
     c = jnp.maximum(servers, 1e-6)
     rho = arrival_rate * mean_service_s / c
@@ -185,9 +196,12 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
     # that, max(rho, 1) taken smoothly.
     busy = 1.0 + softplus(rho - 1.0, _C_TEMPERATURE)
     shift = routed_residual_s(mean_service_s, scv_service, c, routed_share)
+    # a plain 0.0 when there is none, so that `busy_table` keeps its one-grid program
+    residual = (0.0 if isinstance(routed_residual_share, (int, float)) and routed_residual_share == 0
+                else routed_residual_s(mean_service_s, scv_service, c, routed_residual_share))
     if not isinstance(arrival_cv2, Burstiness):
         var = mean_service_s * (arrival_cv2 + scv_service) / c * busy
-        return WaitModel(c_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho, shift)
+        return WaitModel(c_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho, shift, residual)
     # Batches: the variance scaled so that P(wait) x the stationary mean is the mean wait
     # above (in overload, where C = P(wait) = 1, again E[S] (IDC + cs^2) / c x rho).
     idc = arrival_cv2.at(mean_service_s)
@@ -206,7 +220,7 @@ def wait_model(arrival_rate, mean_service_s, scv_service, servers, arrival_cv2, 
     in_burst = jnp.where(some, in_burst / p_safe, 2.0 * (m - 1.0))
     excess = (idc - 2.0 * (m - 1.0) + scv_service) * ratio + in_burst
     var = mean_service_s * excess / c * busy
-    return WaitModel(p_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho, shift)
+    return WaitModel(p_wait, drift, jnp.maximum(var, 1e-12), jnp.asarray(horizon_s, float), rho, shift, residual)
 
 
 def ndtr(z):
