@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.cluster.queueing import Burstiness, burst_size, prob_wait, wait_cdf_busy, wait_model
+from splitwise_jax.cluster.queueing import (Burstiness, burst_size, prob_wait, prob_wait_erlang, wait_cdf_busy,
+                                           wait_model)
 
 N_POINTS = 64  # window quadrature points
 
@@ -128,6 +129,41 @@ def test_probability_of_waiting_light_traffic(rho, c):
     approx, exact = float(prob_wait(rho, float(c))), _erlang_c(c, rho * c)
     assert abs(approx - exact) < 0.06
     assert approx >= exact * (1 - 1e-3)
+
+
+@pytest.mark.parametrize("c", [1, 2, 3, 4, 8, 16, 40, 100])
+@pytest.mark.parametrize("rho", [0.05, 0.3, 0.6, 0.9, 0.97])
+def test_erlang_c_continuous_is_erlang_c_at_whole_c(rho, c):
+    """`prob_wait_erlang` (Erlang B's continuous extension through the incomplete gamma)
+    is Erlang C at whole c. Tolerance: 1e-9 relative where C > 1e-6, the incomplete
+    gamma's float64 round-off; plus the smoothed cap's own shift, T log(1 + e^{-(1-C)/T})
+    at temperature T = 0.01 (2e-4 at rho 0.97 on one server, 1e-8 at 0.9)."""
+    exact = _erlang_c(c, rho * c)
+    got = float(prob_wait_erlang(rho, float(c)))
+    cap = 0.01 * math.log1p(math.exp(-(1.0 - exact) / 0.01))  # smooth_min_one's shift at temperature 0.01
+    assert abs(got - exact) <= 1e-9 * exact + 1.001 * cap + 1e-12
+
+
+def test_erlang_c_continuous_smooth_and_finite():
+    """Between whole c it is monotone (more servers wait less, more load waits more),
+    through overload it stays in [0, 1] and reaches 1, and its gradients in rho and c
+    are finite everywhere on the domain (rho 0 to 10, c from 0.5 to 500), in float32
+    too."""
+    rho = jnp.linspace(0.0, 3.0, 61)
+    for c in (0.5, 1.0, 2.5, 7.3, 40.0, 500.0):
+        p = np.asarray(prob_wait_erlang(rho, c))
+        assert np.all(np.diff(p) >= -1e-12) and np.all((p >= 0) & (p <= 1)), c
+        assert p[-1] == pytest.approx(1.0, abs=1e-9)
+    cs = jnp.linspace(1.0, 60.0, 119)
+    p = np.asarray(prob_wait_erlang(0.8, cs))
+    assert np.all(np.diff(p) < 0)
+    grad = jax.vmap(jax.grad(prob_wait_erlang, argnums=(0, 1)))
+    r, c = jnp.meshgrid(jnp.array([0.0, 1e-6, 0.3, 0.99, 1.0, 1.01, 2.0, 10.0]), jnp.array([0.5, 1.0, 3.0, 40.0, 500.0]))
+    for g in grad(r.ravel(), c.ravel()):
+        assert np.all(np.isfinite(np.asarray(g)))
+    g32 = grad(r.ravel().astype(jnp.float32), c.ravel().astype(jnp.float32))
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in g32)
+    assert np.all(np.isfinite(np.asarray(prob_wait_erlang(r.astype(jnp.float32), c.astype(jnp.float32)))))
 
 
 @pytest.mark.parametrize("c, rho", [

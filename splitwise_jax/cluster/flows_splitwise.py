@@ -40,7 +40,7 @@ from splitwise_jax._roots import fixed_point_01
 from splitwise_jax._smooth import safe_div, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.cluster.percentiles import Resolution, busy_wait_moments
 from splitwise_jax.cluster.pool import PoolState, interruptions_per_step, pool_state, pool_states
-from splitwise_jax.cluster.queueing import ROUTED_RESIDUAL_SHARE_PROMPT_POOL, WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.cluster.queueing import EXACT_C_PROMPT_POOL, ROUTED_RESIDUAL_SHARE_PROMPT_POOL, WaitModel, wait_cdf_busy, wait_model
 from splitwise_jax.cluster.strategy import DesignStrategy
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
 from splitwise_jax.phases import kv_transfer, memory
@@ -404,7 +404,8 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     # flight (queueing.ROUTED_RESIDUAL_SHARE_PROMPT_POOL; TTFT and E2E only, the
     # reservations and the drafting keep the central queue).
     wm_wait = _after_onset(wait_model(rate_p, st_p.mean_prompt_s * scale, st_p.scv_prompt, n_free, s.ca2,
-                                      s.horizon_s, routed_residual_share=ROUTED_RESIDUAL_SHARE_PROMPT_POOL),
+                                      s.horizon_s, routed_residual_share=ROUTED_RESIDUAL_SHARE_PROMPT_POOL,
+                                      exact_c=EXACT_C_PROMPT_POOL),
                            onset, s.pool["window_s"])
     wm_p = wait_model(rate_p * admitted, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
