@@ -127,7 +127,7 @@ def prob_wait_erlang(rho, servers):
 
     Reference: Jagerman, "Some properties of the Erlang loss function", BSTJ 53 (1974).
     """
-    c = jnp.maximum(jnp.asarray(servers, float), 1e-6)
+    c = jnp.maximum(servers, 1e-6)
     r = jnp.clip(rho, 0.0, 1.0)
     a = jnp.maximum(r * c, 1e-12)
     log_inv_b = jnp.log(gammaincc(c + 1.0, a)) + gammaln(c + 1.0) + a - c * jnp.log(a)
