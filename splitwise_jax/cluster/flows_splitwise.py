@@ -40,7 +40,8 @@ from splitwise_jax._roots import fixed_point_01
 from splitwise_jax._smooth import safe_div, smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.cluster.percentiles import Resolution, busy_wait_moments
 from splitwise_jax.cluster.pool import PoolState, interruptions_per_step, pool_state, pool_states
-from splitwise_jax.cluster.queueing import EXACT_C_PROMPT_POOL, ROUTED_RESIDUAL_SHARE_PROMPT_POOL, WaitModel, wait_cdf_busy, wait_model
+from splitwise_jax.cluster.queueing import (EXACT_C_PROMPT_POOL, ROUTED_RESIDUAL_SHARE_PROMPT_POOL, WaitModel,
+                                           wait_cdf_busy, wait_model)
 from splitwise_jax.cluster.strategy import DesignStrategy
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, Scheduling, _kv_capacity_tokens
 from splitwise_jax.phases import kv_transfer, memory
