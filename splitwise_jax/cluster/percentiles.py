@@ -149,6 +149,8 @@ def busy_table(wm: WaitModel, res: Resolution) -> BusyTable:
     x_max = jax.lax.stop_gradient(
         jnp.maximum(wm.drift, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
         + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2 + wm.shift_s + 16.0 * wm.residual_s)
+    if wm.cap_s is not None:  # the law ends at the cap (queueing.WaitModel.cap_s)
+        x_max = jnp.minimum(x_max, jax.lax.stop_gradient(wm.cap_s + 1e-2 + wm.shift_s + 16.0 * wm.residual_s))
     log_x0 = jnp.log(1e-5)
     dlog = (jnp.log(x_max) - log_x0) / (res.table_points - 1)
     if isinstance(wm.residual_s, float) and wm.residual_s == 0.0:  # no residual (static): the law itself

@@ -65,6 +65,10 @@ class WaitModel(NamedTuple):
         residual_s: mean of an exponential wait added, given that the arrival waits,
             to the queue's (s): the routed machine's iteration in flight as a random
             residual (`routed_residual_s`; Splitwise prompt pools); 0 for none.
+        cap_s: the wait (given that the arrival waits) an admitted arrival does not
+            exceed (s): the law is taken conditioned on W <= cap_s. A Splitwise prompt
+            pool drafts the arrivals that would find more (`balking.balking`); None
+            (static) for none.
     """
 
     p_wait: jnp.ndarray
@@ -74,6 +78,7 @@ class WaitModel(NamedTuple):
     rho: jnp.ndarray
     shift_s: jnp.ndarray | float = 0.0
     residual_s: jnp.ndarray | float = 0.0
+    cap_s: jnp.ndarray | None = None
 
 
 # `routed_residual_s`'s share on colocated pools (the baselines), measured against our
@@ -292,8 +297,14 @@ def rbm_cdf(x, drift, var, t):
 
 def wait_cdf_busy(w, model: WaitModel, n_points: int):
     """CDF of the wait given that the arrival waits, averaged over the arrival window:
-    the routed machine's iteration in flight (`shift_s`) and then the queue's workload."""
+    the routed machine's iteration in flight (`shift_s`) and then the queue's workload;
+    conditioned on W <= `cap_s` where the model has one."""
     u = model.horizon_s * (jnp.arange(n_points) + 0.5) / n_points
     x = jnp.maximum(jnp.asarray(w) - model.shift_s, 0.0)
-    vals = rbm_cdf(x[..., None], model.drift, model.var, u)
-    return jnp.mean(vals, axis=-1)
+    vals = jnp.mean(rbm_cdf(x[..., None], model.drift, model.var, u), axis=-1)
+    if model.cap_s is None:
+        return vals
+    # Conditioned on W <= cap (the arrivals that would find more were drafted).
+    x_cap = jnp.maximum(model.cap_s - model.shift_s, 1e-9)
+    top = jnp.mean(rbm_cdf(x_cap[..., None], model.drift, model.var, u), axis=-1)
+    return jnp.minimum(vals / jnp.maximum(top, 1e-12), 1.0)
