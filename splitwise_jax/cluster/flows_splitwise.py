@@ -263,15 +263,16 @@ def _drafting(s: _Setup, st_p0: PoolState, t_alone, n_pp, n_dd):
     the pool past its threshold and every machine to draft onto queued too (the
     reference then runs them on the least-loaded machine of all), and that chance.
 
-    The drafting regime (`balking.balking`, `BALKING_DRAFTS`): class k is drafted with
-    probability C P_k, P_k the chance that the work an arrival finds, given that it
-    waits, passes the class's threshold with a queue behind the running prompt; the
-    work's law is that of a queue which drafts those arrivals (large prompts first).
-    Self-consistent: the drafted prompts shorten the queue that drafts them, so the
-    share X solves X = C(admitted load) sum_k w_k P_k (1 - full(X)), the admitted load
-    lambda sum_k w_k (1 - x_k) s_k / c with x_k proportional to P_k. A draft converts a
-    token machine unless every token machine already holds a drafted queue (the same
-    law on the token side), which balances the pools in overload."""
+    Self-consistent: the prompts drafted away shorten the queue that drafts them. By
+    default (`_drafted_share`) the share X solves X = E[x_k(wait law at rate
+    lambda (1 - X))]. With the drafting regime (`balking.balking`, `BALKING_DRAFTS`,
+    off) class k is drafted with probability C P_k, P_k the chance that the work an
+    arrival finds, given that it waits, passes the class's threshold with a queue behind
+    the running prompt, in the law of a queue that drafts those arrivals (large prompts
+    first); X solves X = C(admitted load) sum_k w_k P_k (1 - full(X)), the admitted
+    load lambda sum_k w_k (1 - x_k) s_k / c with x_k proportional to P_k. Either way a
+    draft converts a token machine unless every token machine already holds a drafted
+    queue (the same law on the token side), which balances the pools in overload."""
     cls, lam, ca2, horizon_s = s.cls, s.lam, s.ca2, s.horizon_s
     has_t = n_dd / (n_dd + 1e-3)
     if BALKING_DRAFTS:
