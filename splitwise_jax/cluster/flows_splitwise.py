@@ -58,6 +58,9 @@ BALKING_DRAFTS = False
 # Drafts per token machine over the window at which the token pool has drained into the
 # mixed pool with probability 1 - 1/e (`_step2b_mixed_pool`).
 _DRAIN_DRAFTS = 6.0
+# The token machines' first-step wait (`_token_first_wait`): off by default, with the
+# drafting regime (docs/cluster.md §4 and §7).
+TOKEN_FIRST_WAIT = False
 # Width of the switch (in load) by which a full KV memory on the prompt machines makes
 # arrivals wait (`_memory_bound`).
 _MEMORY_QUEUE_TEMPERATURE = 0.02
@@ -211,6 +214,7 @@ class _Reservations(NamedTuple):
     var: object             # their variance
     capacity: object        # the token pool's KV tokens
     f_km: object            # (K, M) share of each class that overflows
+    lag: object             # (K,) mean time from arrival to the KV cache's end (s)
 
 
 class _Pools(NamedTuple):
@@ -239,7 +243,7 @@ def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution,
     n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
     pools = _step3_pools(s, d, f_km, f)
     mp = _step4_prompt_routes(s, d, n_mixed, f, pools)
-    decode_routes = _step4b_decode_routes(s, d, n_mixed, f_km, pools, mp)
+    decode_routes = _step4b_decode_routes(s, d, r, n_mixed, f_km, pools, mp)
     st_p, st_t = pools.st_p, pools.st_t
     pressure = (r.demand + jnp.sum(cls.w * r.m_tok)) / r.capacity
     loads = (st_p.rho_prompt, st_t.rho_prompt, st_t.batch_need * pools.ctx_t / s.cap_tok_T,
@@ -334,6 +338,56 @@ def _step1_drafting(s: _Setup) -> _Drafting:
     return _Drafting(st_p0, t_alone, x_tot, x_k, wm_p0, w_t, w_p)
 
 
+def _drained(s: _Setup, d: _Drafting):
+    """The chance the token pool has drained (every token machine took a draft and left
+    it): 1 - exp(-z / 6), z = lambda X T / N_t the drafts per token machine over the
+    window (docs/cluster.md §4, "The cascade")."""
+    return -jnp.expm1(-s.lam * d.x_tot * s.horizon_s / jnp.maximum(s.n_t, 1e-6) / _DRAIN_DRAFTS)
+
+
+def _drained_time(s: _Setup, d: _Drafting):
+    """The share of the window the token pool spends drained: a drafted token machine
+    stays in the mixed pool while it has work (under load, to the end), each token
+    machine takes its first draft at rate z / T, z = lambda X T / N_t, so the pool is
+    drained at time u T with chance (1 - exp(-z u))^N_t; averaged over the window
+    (16-point midpoint rule)."""
+    z = s.lam * d.x_tot * s.horizon_s / jnp.maximum(s.n_t, 1e-6)
+    u = (jnp.arange(16) + 0.5) / 16.0
+    return jnp.mean(jnp.exp(jnp.maximum(s.n_t, 1e-6) * jnp.log(jnp.maximum(-jnp.expm1(-z * u), 1e-30))))
+
+
+def _token_first_wait(s: _Setup, d: _Drafting, share, lag):
+    """A decode that lands on a token machine while it runs a drafted prompt waits out
+    the rest of that iteration (docs/cluster.md §4, "The token machines' first-step
+    wait"; `TOKEN_FIRST_WAIT`). Returns (K, 1) arrays per decode class: the chance, and
+    the residual iteration's mean and second moment (s, s^2).
+
+    The machine was in the token pool when the request arrived (a machine that takes a
+    draft leaves it), so the draft started within the request's lag L_k from arrival to
+    its KV cache's end: chance r E[min(D, L_k)] (r drafts per token machine per second,
+    ``share`` of all drafts; D a draft's run time on a token machine), and given a hit
+    the draft's elapsed part is uniform on [0, min(D, L_k)]. While the token pool is
+    drained (`_drained_time`) a decode goes to the least-memory machine of the mixed
+    pool, drafted token machines included, at whatever it runs: PASTA, chance r E[D],
+    residual E[D^2] / 2E[D]. The two blend by the drained share of the window."""
+    if not TOKEN_FIRST_WAIT:
+        return 0.0, 0.0, 0.0
+    D = d.t_alone[None, :]                                     # (1, K) drafts
+    m = smooth_min_pos(D, lag[:, None], 8.0)                   # (K, K) decode x draft
+    wm = d.w_t[None, :] * m
+    q = jnp.sum(wm, axis=1)                                    # E[min(D, L_k)]
+    q1 = jnp.sum(wm * (D - 0.5 * m), axis=1)                   # q x E[residual]
+    q2 = jnp.sum(wm * (D**2 - D * m + m**2 / 3.0), axis=1)     # q x E[residual^2]
+    e1, e2, e3 = jnp.dot(d.w_t, d.t_alone), jnp.dot(d.w_t, d.t_alone**2), jnp.dot(d.w_t, d.t_alone**3)
+    a = _drained_time(s, d)
+    r = s.lam * d.x_tot * share / jnp.maximum(s.n_t, 1e-6)
+    den = a * e1 + (1.0 - a) * q
+    hit = r * den
+    w1 = (a * e2 / 2.0 + (1.0 - a) * q1) / den
+    w2 = (a * e3 / 3.0 + (1.0 - a) * q2) / den
+    return hit[:, None], w1[:, None], w2[:, None]
+
+
 def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
     """2. Token-pool KV reservations: each request reserves (p + 1 + o) tokens on its
     token machine from arrival (the machine is chosen with the prompt's) to its last
@@ -346,7 +400,11 @@ def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
     mean_wait = d.wm_p0.p_wait * mean_busy
     var_wait = jnp.maximum(d.wm_p0.p_wait * mean_busy_sq - mean_wait**2, 0.0)
     kv0 = _transfer_s(s.cluster, cls.p, d.st_p0.prompt_s)
-    sojourn = (mean_wait + d.st_p0.prompt_s + kv0)[:, None] + cls.iters[None, :] * st_t0.step_s
+    lag = mean_wait + d.st_p0.prompt_s + kv0
+    sojourn = lag[:, None] + cls.iters[None, :] * st_t0.step_s
+    if TOKEN_FIRST_WAIT:  # each reservation is also held through its first-step wait
+        hit_1, w_1, _ = _token_first_wait(s, d, 1.0, lag)
+        sojourn = sojourn + -jnp.log1p(-0.95 * smooth_min_one(hit_1)) * w_1
     m_tok = cls.p[:, None] + 1.0 + cls.o[None, :]
     demand = lam * jnp.sum(cls.w * m_tok * sojourn)
     # Shot noise, plus the queue wait every request in flight shares (a burst that
@@ -355,7 +413,7 @@ def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
     capacity = s.n_t * s.cap_tok_T
     f_km, _ = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
     f_km = f_km * (s.n_p / (s.n_p + 1e-3))
-    return _Reservations(m_tok, sojourn, demand, var, capacity, f_km)
+    return _Reservations(m_tok, sojourn, demand, var, capacity, f_km, lag)
 
 
 def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
@@ -383,7 +441,7 @@ def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
     peak = r.demand + z_peak * jnp.sqrt(r.var + 1e-12 * r.capacity**2)
     n_mixed = softplus(peak - r.capacity, 0.05 * cap_tok_P) / cap_tok_P
     n_mixed = 0.8 * n_p * smooth_min_one(n_mixed / (0.8 * jnp.maximum(n_p, 1e-6)))
-    drained = -jnp.expm1(-lam * d.x_tot * s.horizon_s / jnp.maximum(n_t, 1e-6) / _DRAIN_DRAFTS)
+    drained = _drained(s, d)
     f_km = r.f_km + (1.0 - r.f_km) * drained * n_mixed / jnp.maximum(n_mixed + n_t, 1e-6)
     return n_mixed, f_km, jnp.sum(cls.w * f_km)
 
@@ -507,7 +565,7 @@ def _after_onset(wm: WaitModel, onset_s, window_s) -> WaitModel:
     return wm._replace(p_wait=wm.p_wait * (1.0 - before), horizon_s=wm.horizon_s * (1.0 - before * wm.horizon_s / window))
 
 
-def _step4b_decode_routes(s: _Setup, d: _Drafting, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
+def _step4b_decode_routes(s: _Setup, d: _Drafting, r: _Reservations, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
     """4b. The decode routes: on token machines, and moved onto mixed machines.
 
     A moved decode arriving at a mixed machine busy with a drafted prompt waits out the
@@ -551,6 +609,8 @@ def _step4b_decode_routes(s: _Setup, d: _Drafting, n_mixed, f_km, pools: _Pools,
     ev_m = interruptions_per_step(frac_m, st_p.decode_s, ex_m)
     st_m = st_p._replace(events_per_step=ev_m, step_s=st_p.decode_s + ev_m * ex_m,
                          interf_mean_s=ex_m, interf_var_s2=var_m)
-    return (DecodeRoute(st_t, 1.0 - f_km, pools.kv, 0.5 * st_t.decode_s),
+    busy_t, w1_t, w2_t = _token_first_wait(s, d, 1.0 - to_mixed, r.lag)
+    return (DecodeRoute(st_t, 1.0 - f_km, pools.kv, 0.5 * st_t.decode_s,
+                        first_busy=busy_t, first_wait_s=w1_t, first_wait_s2=w2_t),
             DecodeRoute(st_m, f_km, pools.kv, 0.5 * st_m.decode_s,
                         first_busy=busy_m, first_wait_s=e2_m / (2.0 * e_m), first_wait_s2=e3_m / (3.0 * e_m)))
