@@ -52,8 +52,9 @@ _DRAFT_TEMPERATURE = 0.02
 # The drafting law: the regime of a pool that drafts (`balking.balking`, issue 39), or
 # the law on the unregulated wait (`_drafted_share`, the default). The regime agrees far
 # better with our simulator near saturation but drafts fewer prompts than the reference
-# simulator at its SLO boundary, where it gave 5 false "meets" (reference timing), so it
-# is off until that is understood (docs/validation.md, nineteenth session).
+# simulator at its SLO boundary, where it gave 5 false "meets" (reference timing); with
+# the token machines' first-step wait (below) 1 is left, so both are off until the
+# cascade's feedback is closed (docs/validation.md, nineteenth and twentieth sessions).
 BALKING_DRAFTS = False
 # Drafts per token machine over the window at which the token pool has drained into the
 # mixed pool with probability 1 - 1/e (`_step2b_mixed_pool`).
