@@ -339,11 +339,16 @@ def _step1_drafting(s: _Setup) -> _Drafting:
     return _Drafting(st_p0, t_alone, x_tot, x_k, wm_p0, w_t, w_p)
 
 
+def _drafts_per_token_machine(s: _Setup, d: _Drafting):
+    """z = lambda X T / N_t: the drafts per token machine over the window."""
+    return s.lam * d.x_tot * s.horizon_s / jnp.maximum(s.n_t, 1e-6)
+
+
 def _drained(s: _Setup, d: _Drafting):
     """The chance the token pool has drained (every token machine took a draft and left
-    it): 1 - exp(-z / 6), z = lambda X T / N_t the drafts per token machine over the
-    window (docs/cluster.md §4, "The cascade")."""
-    return -jnp.expm1(-s.lam * d.x_tot * s.horizon_s / jnp.maximum(s.n_t, 1e-6) / _DRAIN_DRAFTS)
+    it): 1 - exp(-z / 6), z the drafts per token machine over the window (docs/cluster.md
+    §4, "The cascade")."""
+    return -jnp.expm1(-_drafts_per_token_machine(s, d) / _DRAIN_DRAFTS)
 
 
 def _drained_time(s: _Setup, d: _Drafting):
@@ -353,7 +358,7 @@ def _drained_time(s: _Setup, d: _Drafting):
     drained at time u T with chance (1 - exp(-z u))^N_t; averaged over the window
     (32-point midpoint rule in t = sqrt(u), which puts points where the chance rises,
     u < 1 / z)."""
-    z = s.lam * d.x_tot * s.horizon_s / jnp.maximum(s.n_t, 1e-6)
+    z = _drafts_per_token_machine(s, d)
     t = (jnp.arange(32) + 0.5) / 32.0
     f = jnp.exp(jnp.maximum(s.n_t, 1e-6) * jnp.log(jnp.maximum(-jnp.expm1(-z * t**2), 1e-30)))
     return jnp.mean(2.0 * t * f)
@@ -568,7 +573,8 @@ def _after_onset(wm: WaitModel, onset_s, window_s) -> WaitModel:
     return wm._replace(p_wait=wm.p_wait * (1.0 - before), horizon_s=wm.horizon_s * (1.0 - before * wm.horizon_s / window))
 
 
-def _step4b_decode_routes(s: _Setup, d: _Drafting, r: _Reservations, n_mixed, f_km, pools: _Pools, mp: _MixedPrompts):
+def _step4b_decode_routes(s: _Setup, d: _Drafting, r: _Reservations, n_mixed, f_km, pools: _Pools,
+                          mp: _MixedPrompts):
     """4b. The decode routes: on token machines, and moved onto mixed machines.
 
     A moved decode arriving at a mixed machine busy with a drafted prompt waits out the
