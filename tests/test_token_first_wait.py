@@ -40,7 +40,9 @@ def test_the_chance_lies_between_the_lag_limited_and_the_pasta_law(monkeypatch):
     pasta = r * float(jnp.dot(d.w_t, d.t_alone))
     lagged = r * np.asarray(jnp.sum(d.w_t[None, :] * jnp.minimum(d.t_alone[None, :], lag[:, None]), axis=1))
     assert r > 0.05
-    assert np.all(hit <= pasta * (1 + 1e-9)) and np.all(hit >= 0.95 * lagged), (hit, pasta, lagged)
+    # The law's min(D, L) is the p = 8 smooth min, at least 2^(-1/8) of the hard one (its
+    # worst case, D = L); PASTA's bound is exact up to round-off.
+    assert np.all(hit <= pasta * (1 + 1e-9)) and np.all(hit >= 2 ** (-1 / 8) * lagged), (hit, pasta, lagged)
     assert np.all(np.diff(hit) >= -1e-12)            # a longer lag, more chance
     assert np.all(w1 > 0) and np.all(w1 <= float(jnp.max(d.t_alone))) and np.all(w2 >= w1**2)
 
