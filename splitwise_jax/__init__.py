@@ -31,6 +31,7 @@ _MODEL_NAMES = {
     "Cluster": ("splitwise_jax.cluster.cluster", "Cluster"),
     "ClusterMetrics": ("splitwise_jax.cluster.cluster", "ClusterMetrics"),
     "Resolution": ("splitwise_jax.cluster.cluster", "Resolution"),
+    "SWEEP_RESOLUTION": ("splitwise_jax.cluster.cluster", "SWEEP_RESOLUTION"),
     "Scheduling": ("splitwise_jax.cluster.cluster", "Scheduling"),
     "Transfer": ("splitwise_jax.cluster.cluster", "Transfer"),
     "evaluate": ("splitwise_jax.cluster.batched", "evaluate"),

@@ -42,7 +42,7 @@ from splitwise_jax._roots import fixed_point_01 as _fixed_point_01  # noqa: F401
 from splitwise_jax.cluster.components import Mixtures, components
 from splitwise_jax.cluster.components import _count_mixture as _count_mixture  # noqa: F401
 from splitwise_jax.cluster.metrics import ClusterMetrics, status_code
-from splitwise_jax.cluster.percentiles import Resolution, quantiles
+from splitwise_jax.cluster.percentiles import SWEEP_RESOLUTION, Resolution, quantiles
 from splitwise_jax.cluster.queueing import Burstiness
 from splitwise_jax.cluster.strategies import SPLITWISE, strategy_for
 from splitwise_jax.cluster.strategy import DesignStrategy
@@ -54,7 +54,8 @@ from splitwise_jax.cluster.workload import Workload
 from splitwise_jax.phases.timing import PhaseTiming
 from splitwise_jax.specs.paper import PAPER_SLO
 
-__all__ = ["Cluster", "ClusterMetrics", "PAPER_SLO", "Resolution", "Scheduling", "Transfer", "evaluate"]
+__all__ = ["Cluster", "ClusterMetrics", "PAPER_SLO", "Resolution", "SWEEP_RESOLUTION", "Scheduling", "Transfer",
+           "evaluate"]
 
 _STATIC = dict(static=True)
 

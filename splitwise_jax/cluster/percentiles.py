@@ -78,6 +78,13 @@ class Resolution:
             6.7 ms with the heaviest alone, weights renormalised (docs/speed.md §2 item
             8); 8.5 -> 6.6 ms with the stand-in (item 9); 4.4-5.0 -> 3.5-4.0 ms with the
             Newton steps first and 2,048 kept (item 10).
+        whole_steps: how the answer of a mixture searched on a stand-in is confirmed.
+            None (the default, full resolution): it is the whole mixture's root, as
+            above. An integer k: k Newton steps on logit F of the whole mixture in the
+            search's precision from the stand-in's root are the answer, with no
+            polishing step and no safeguarded search; the sweep resolution
+            (`SWEEP_RESOLUTION`, k = 1) for design-space grids. Mixtures searched whole
+            (below the stand-in's threshold) are unaffected.
     """
 
     window_points: int = 8
@@ -88,6 +95,22 @@ class Resolution:
     lookup_points: int = 4096
     search_dtype: str | None = "float32"
     search_components: int | None = 2048
+    whole_steps: int | None = None
+
+    def __post_init__(self):
+        if self.whole_steps is not None and (not isinstance(self.whole_steps, int) or self.whole_steps < 0):
+            raise ValueError(f"whole_steps must be None or an integer >= 0, got {self.whole_steps!r}")
+
+
+SWEEP_RESOLUTION = Resolution(whole_steps=1)
+"""The sweep resolution, for design-space grids (issue 40 item 3): the percentile search
+as at full resolution, its stand-in's root followed by one float32 Newton step on the
+whole mixture and taken as the answer (no float64 polish, no safeguarded fallback).
+Meant with float32 inputs (``jax.enable_x64(False)``, or arrays cast to float32), which
+also run the flows in float32. On the Fig. 12 grid (1,521 clusters, 27,378 percentiles,
+`benchmarks/grid_speed.py`) against full resolution in float64: median difference
+< 1e-5, largest 1.9 %, about 2x faster (docs/speed.md §12). Final answers (`evaluate`'s
+default, the optimiser's check, certification) stay at full resolution."""
 
 
 class BusyTable(NamedTuple):
@@ -571,6 +594,24 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
                        cdf_slope=lambda lt: _cdf_slope(lt, p_search, n_table),
                        max_iters=1 + _EXTRA_REFINE, extra_if=widened)
         return _polish(log_t.astype(dtype), qs, p_fixed, n_table)
+
+    if res.whole_steps is not None:
+        def stepped(scale):
+            """The stand-in's root and `res.whole_steps` Newton steps on the whole
+            mixture in the search's precision: the answer (the sweep resolution)."""
+            _, _, p_search, _, _, llo_s, lhi_s = setup(scale)
+            p_part = _stand_in(p_search, heaviest, n_table, bins)
+            part = lambda lt: cdf(lt, p_part)  # noqa: E731
+            a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
+            x = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
+                       cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
+            if res.whole_steps:
+                x, _, _ = jax.lax.fori_loop(
+                    0, res.whole_steps, lambda _, c: _newton(c[0], q_s, p_search, n_table, llo_s, lhi_s),
+                    (x, jnp.zeros_like(x), jnp.zeros(x.shape, bool)))
+            return answer(scale, x.astype(dtype))
+
+        return jax.vmap(stepped)(mix.scale)
 
     log_t, x_part, short = jax.vmap(near)(mix.scale)
     # Where a Newton step ran long, every variant takes the safeguarded path: a
