@@ -83,7 +83,7 @@ _TABLE = ["--phase-model", "splitwise-sim-table", "--json"]
 
 
 @pytest.mark.parametrize("argv, why", [
-    ([*SMALL[:-1], "3", "--workload", "TRACE", *_TABLE], "no record"),  # another cluster
+    (["--design", "splitwise-ha", *SMALL[2:], "--workload", "TRACE", *_TABLE], "no record"),  # another design
     ([*SMALL, "--workload", "TRACE", "--phase-model", "calibrated", "--json"], "no record"),
     ([*SMALL, "--workload", "TRACE", *_TABLE, "--rat", "15"], "no record"),  # an abbreviation: the full parser's
     ([*SMALL, "--workload", "coding", "--rate", "5", "--horizon", "10", *_TABLE], "not a trace file"),  # a preset
@@ -96,6 +96,41 @@ def test_a_record_is_not_used_for_anything_else(cache, tmp_path, capsys, argv, w
     main([tr if x == "TRACE" else x for x in argv])
     capsys.readouterr()
     assert warm.LAST_MISS == why
+
+
+@pytest.mark.parametrize("design, first, other", [
+    ("splitwise-hh", ["--prompt-machines", "4", "--token-machines", "2"],
+     ["--prompt-machines", "3", "--token-machines", "5"]),
+    ("splitwise-ha", ["--prompt-machines", "4", "--token-machines", "2"],
+     ["--prompt-machines", "6", "--token-machines", "1"]),
+    ("baseline-h100", ["--machines", "5"], ["--machines", "7"]),
+])
+def test_one_record_serves_other_machine_counts(cache, tmp_path, capsys, design, first, other):
+    """A record answers for any counts of the same design: the plan's pool sizes, the
+    pools' objects, the title and the pool lines written anew; output byte for byte a
+    full run's (no cache), text and JSON."""
+    tr = str(_trace(tmp_path))
+    base = ["--design", design, "--workload", tr, "--phase-model", "splitwise-sim-table"]
+    _run(capsys, [*base, *first, "--json"])
+    assert warm.LAST_MISS == "no record"
+    for extra in (["--json"], []):
+        got = _run(capsys, [*base, *other, *extra])
+        assert warm.LAST_MISS is None, (design, extra)
+        full = _run(capsys, [*base, *other, *extra, "--no-cache"])
+        assert _no_timing(got) == _no_timing(full), (design, extra)
+    counts = [float(x) for x in other[1::2]]
+    assert [p["count"] for p in json.loads(_run(capsys, [*base, *other, "--json"]))["pools"]] == counts
+
+
+def test_a_count_flag_the_design_does_not_take_is_still_an_error(cache, tmp_path, capsys):
+    """Which count flags were given is part of the key: --machines on a Splitwise design
+    finds no record and the full path reports the misuse."""
+    tr = str(_trace(tmp_path))
+    _run(capsys, [*SMALL, "--workload", tr, *_TABLE])
+    with pytest.raises(SystemExit) as e:
+        main(["--design", "splitwise-hh", "--machines", "4", "--workload", tr, *_TABLE])
+    assert e.value.code == 2 and warm.LAST_MISS == "no record"
+    assert "needs --prompt-machines P and --token-machines T" in capsys.readouterr().err
 
 
 def test_a_changed_input_file_is_read_again(cache, tmp_path, capsys):

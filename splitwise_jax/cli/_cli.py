@@ -156,6 +156,15 @@ def positive_float(text: str) -> float:
     return v
 
 
+def whole_machines(text: str) -> int:
+    """A whole number of machines >= 1 (the simulator runs each one)."""
+    v = positive_float(text)
+    if abs(v - round(v)) > 1e-9:
+        raise argparse.ArgumentTypeError(f"must be a whole number of machines (the simulator runs each one), "
+                                         f"got {text!r}")
+    return int(round(v))
+
+
 def nonnegative_float(text: str) -> float:
     """A finite number >= 0."""
     v = _float(text)

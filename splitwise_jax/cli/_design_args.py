@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from splitwise_jax.cli import _cli
+from splitwise_jax.cli._table import pool_lines  # noqa: F401 - re-exported: the command lines' pool lines
 from splitwise_jax.specs import catalog
 from splitwise_jax.cluster.designs import Design, get_design
 # The preset names and their aliases: `workload.workload`'s own table (one home), so that
@@ -265,25 +266,6 @@ def pools_dict(cluster, params_path=None, phase_model: str = "calibrated") -> li
                     "cap_frac": cap, "tp": t.machine.gpus_per_machine, "phase_model": phase_model,
                     "provenance": provenance_dict(provs[role], cap < 1.0 - 1e-9)})
     return out
-
-
-def pool_lines(pools: list[dict]) -> list[str]:
-    """Text lines saying each pool's machines and how far its phase timing is trusted."""
-    lines = []
-    for p in pools:
-        pv = p["provenance"]
-        err = pv["expected_mape_pct"]
-        pct = ("unknown" if err["prompt"] is None else
-               f"prompt {err['prompt']:.1f}%, token {err['token']:.1f}%{' (capped)' if pv['capped'] else ''}")
-        head = (f"{p['role']} pool: {p['count']:g} x {p['machine']} ({p['gpu']}, tp {p['tp']}, "
-                f"cap {100 * p['cap_frac']:.0f}%): ")
-        stack = f"stack {pv.get('stack', 'paper-2023')}"
-        if pv["calibrated"]:
-            lines.append(head + f"calibrated phase parameters, {stack} (held-out error {pct})")
-        else:
-            lines.append(head + f"UNCALIBRATED: {pv['label']}, {stack}, expected error {pct} ({pv['basis']})")
-        lines += [f"    note: {n}" for n in pv["notes"]]
-    return lines
 
 
 def preset_sizes(ap, a) -> tuple[float, float]:

@@ -25,3 +25,29 @@ def format_table(d: dict, title: str) -> str:
         f"status: {d['status']}",
     ]
     return "\n".join(lines)
+
+
+def pool_lines(pools: list[dict]) -> list[str]:
+    """Text lines saying each pool's machines and how far its phase timing is trusted."""
+    lines = []
+    for p in pools:
+        pv = p["provenance"]
+        err = pv["expected_mape_pct"]
+        pct = ("unknown" if err["prompt"] is None else
+               f"prompt {err['prompt']:.1f}%, token {err['token']:.1f}%{' (capped)' if pv['capped'] else ''}")
+        head = (f"{p['role']} pool: {p['count']:g} x {p['machine']} ({p['gpu']}, tp {p['tp']}, "
+                f"cap {100 * p['cap_frac']:.0f}%): ")
+        stack = f"stack {pv.get('stack', 'paper-2023')}"
+        if pv["calibrated"]:
+            lines.append(head + f"calibrated phase parameters, {stack} (held-out error {pct})")
+        else:
+            lines.append(head + f"UNCALIBRATED: {pv['label']}, {stack}, expected error {pct} ({pv['basis']})")
+        lines += [f"    note: {n}" for n in pv["notes"]]
+    return lines
+
+
+def title_head(design_name: str, pools: list[dict], describe: str, llm_name: str) -> str:
+    """The start of a cluster's one-line title: "splitwise-hh (27 prompt dgx-h100, 3 token
+    dgx-h100), bloom-176b, " (`describe`: what the design adds, e.g. its chunk budget)."""
+    what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
+    return f"{design_name} ({what}{describe}), {llm_name}, "

@@ -9,13 +9,19 @@ with NumPy alone (`api.run_plan`; pandas only to write the CSV outputs): about 0
 less per process, JAX's and pandas' imports (docs/speed.md §10-11).
 
 What names "the same cluster": the command line with its trace, output and progress
-arguments taken out (`_TRACE_AND_OUTPUT`, parsed here by a parser that knows only
-those and takes no abbreviations), plus a digest of the package, the Python, NumPy,
+arguments and a named design's machine counts taken out (`_TRACE_AND_OUTPUT`,
+`_COUNTS`, parsed here by a parser that knows only those and takes no abbreviations;
+which count flags were given stays in the key), plus a digest of the package, the Python, NumPy,
 JAX and jaxlib installations, and the environment variables that reach the model
 (`SPLITWISE_*` but the cache folder's, `JAX_*`, `XLA_*`) and the working folder. A record is written only
 when that small parser reads the trace and output arguments as the command's own parser
 does, and only for a trace file (a preset workload's Poisson draws come from the
-`Workload`, JAX arrays: those runs take the full path). Every file the full run read
+`Workload`, JAX arrays: those runs take the full path). A record answers for any
+machine counts: they size only the plan's pools (`SimPlan.prompt.count`,
+`.token.count`), the pools' JSON objects and the title and pool lines, which a warm run
+writes anew (`_with_counts`); the tables, the config and everything else a run reads do
+not depend on them, so the reference's 124 runs (57 clusters) need one record per
+design and phase model. Every file the full run read
 outside the Python installation, the package and the cache (a design or spec file,
 the params, the shared profiles behind the sim table) is recorded with its size and
 modification time, and a record whose files changed is not used. Anything that does
@@ -47,10 +53,12 @@ __all__ = ["run", "key_of", "save", "record_reads", "stop_recording", "LAST_MISS
 #: why the last `run` did not answer (None when it did): for tests and debugging
 LAST_MISS: str | None = None
 
-_VERSION = 1
+_VERSION = 2  # 2: records answer for any machine counts
 _FOLDER = "sim_plans"
 # The arguments that do not name the cluster: the trace and the outputs. Everything
 # else on the command line is the cluster's (design, counts, model, phases, link...).
+# A named design's machine counts: not the cluster's kind, only its size (`_with_counts`).
+_COUNTS = ("machines", "prompt_machines", "token_machines")
 _TRACE_AND_OUTPUT = ("workload", "trace", "rate", "resample_poisson", "horizon", "seed", "json", "requests_out",
                      "machines_out", "histogram_out", "progress", "no_progress", "no_cache")
 
@@ -81,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--machines", type=_cli.whole_machines)
+    ap.add_argument("--prompt-machines", type=_cli.whole_machines)
+    ap.add_argument("--token-machines", type=_cli.whole_machines)
     return ap
 
 
@@ -95,8 +106,43 @@ def split(argv: list[str]) -> tuple[argparse.Namespace, list[str]] | None:
 
 
 def agrees(ns: argparse.Namespace, full: argparse.Namespace) -> bool:
-    """Whether the small parser read the trace and output arguments as the full one did."""
-    return all(getattr(ns, k) == getattr(full, k, None) for k in _TRACE_AND_OUTPUT)
+    """Whether the small parser read the trace, output and count arguments as the full
+    one did."""
+    return all(getattr(ns, k) == getattr(full, k, None) for k in _TRACE_AND_OUTPUT + _COUNTS)
+
+
+def counts_of(ns: argparse.Namespace) -> dict:
+    """The count flags given: {"prompt_machines": 27, ...}."""
+    return {k: getattr(ns, k) for k in _COUNTS if getattr(ns, k) is not None}
+
+
+def _pool_counts(counts: dict) -> tuple[int, int]:
+    """(prompt pool, token pool) machines the count flags give: a colocated design's
+    --machines is its one pool, the prompt slot's."""
+    return counts.get("prompt_machines", counts.get("machines", 0)), counts.get("token_machines", 0)
+
+
+def _with_counts(record: dict, counts: dict) -> tuple[dict, list, str, list[str]]:
+    """(plan, pools, title head, pool lines) of a record at other machine counts."""
+    from splitwise_jax.cli._table import pool_lines, title_head
+
+    n_p, n_t = _pool_counts(counts)
+    plan = dict(record["plan"], prompt=dict(record["plan"]["prompt"], count=n_p),
+                token=dict(record["plan"]["token"], count=n_t))
+    by_role = {"prompt": n_p, "colocated": n_p, "token": n_t}
+    pools = [dict(p, count=float(by_role[p["role"]])) for p in record["pools"]]
+    name, describe, llm_name = record["title_parts"]
+    return plan, pools, title_head(name, pools, describe, llm_name), pool_lines(pools)
+
+
+def _counts_fit(plan, pools: list, counts: dict) -> bool:
+    """Whether the count flags size the plan's pools and the pools' objects as
+    `_with_counts` assumes (a record is written only where they do)."""
+    n_p, n_t = _pool_counts(counts)
+    if plan.prompt.count != n_p or plan.token.count != n_t:
+        return False
+    by_role = {"prompt": n_p, "colocated": n_p, "token": n_t}
+    return all(p.get("role") in by_role and p.get("count") == float(by_role[p["role"]]) for p in pools)
 
 
 def _folder() -> Path:
@@ -115,7 +161,7 @@ def _installed(package: str) -> tuple:
         return (None,)
 
 
-def _key(rest: list[str]) -> str:
+def _key(rest: list[str], counts: dict) -> str:
     from splitwise_jax._paths import package_digest
 
     h = hashlib.sha256()
@@ -123,7 +169,7 @@ def _key(rest: list[str]) -> str:
                  if k.startswith(("SPLITWISE_", "JAX_", "XLA_")) and k != "SPLITWISE_JAX_CACHE")
     # the working folder: relative paths on the command line, and where the shared data
     # is looked for (`_paths.shared_dir`)
-    for part in (_VERSION, rest, os.getcwd(), env, sys.version, np.__version__, _installed("jax"), _installed("jaxlib"),
+    for part in (_VERSION, rest, sorted(counts), os.getcwd(), env, sys.version, np.__version__, _installed("jax"), _installed("jaxlib"),
                  package_digest()):
         h.update(repr(part).encode())
         h.update(b"\0")
@@ -241,16 +287,20 @@ def key_of(argv: list[str]) -> str | None:
     """The record's key for a command line (None where the small parser cannot read it).
     Take it before the run changes the environment (`_cli.fast_compile` sets XLA_FLAGS)."""
     got = split(argv)
-    return None if got is None else _key(got[1])
+    return None if got is None else _key(got[1], counts_of(got[0]))
 
 
 def save(key: str | None, argv: list[str], full: argparse.Namespace, *, plan, tables, config, design: dict, pools: list,
-         title: tuple[str, str], pool_lines: list[str], trace_path, preset_names) -> None:
+         title: tuple[str, str], pool_lines: list[str], trace_path, preset_names,
+         title_parts: tuple[str, str, str]) -> None:
     """Keep a full run's plan and tables for later runs of the same cluster (see the
     module docstring); does nothing where the small parser disagrees with the full one,
     and never fails the run (a folder that cannot be written is skipped)."""
     got = split(argv)
     if key is None or got is None or not agrees(got[0], full) or tables.prompt_power is None:
+        return
+    counts = counts_of(got[0])
+    if counts and not _counts_fit(plan, pools, counts):
         return
     try:
         folder = _folder()
@@ -262,6 +312,7 @@ def save(key: str | None, argv: list[str], full: argparse.Namespace, *, plan, ta
         exclude = {os.path.realpath(os.fspath(trace_path))} if trace_path is not None else set()
         record = {"version": _VERSION, "plan": plan.to_dict(), "config": dataclasses.asdict(config),
                   "tables": recs, "design": design, "pools": pools, "title": list(title), "pool_lines": pool_lines,
+                  "counts": counts, "title_parts": list(title_parts),
                   "preset_names": sorted(preset_names), "reads": _reads(exclude)}
         path = folder / f"{key}.json"
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -311,7 +362,7 @@ def run(argv: list[str], progress_from: int):
         return _miss("--no-cache")
     folder = _folder()
     try:
-        record = json.loads((folder / f"{_key(rest)}.json").read_text())
+        record = json.loads((folder / f"{_key(rest, counts_of(ns))}.json").read_text())
     except (OSError, ValueError):
         return _miss("no record")
     try:
@@ -341,15 +392,21 @@ def run(argv: list[str], progress_from: int):
         if not tables.covers(engine.table_extents(tr, config), int(tr.prompt_tokens.max())):
             return _miss("tables too small")
         show = (ns.progress or len(tr) >= progress_from) and not ns.no_progress
+        counts = counts_of(ns)
+        if set(counts) != set(record["counts"]):
+            return _miss("count flags")
+        head, tail = record["title"]
+        plan, pools, lines = record["plan"], record["pools"], record["pool_lines"]
+        if counts != record["counts"]:
+            plan, pools, head, lines = _with_counts(record, counts)
         try:
-            res = run_plan(SimPlan.from_dict(record["plan"]), tables, tr, config, progress=show)
+            res = run_plan(SimPlan.from_dict(plan), tables, tr, config, progress=show)
         except TablesTooSmall:
             return _miss("tables too small")
     except Exception as e:  # noqa: BLE001 - any trouble: the full path runs, and reports bad input
         return _miss(f"{type(e).__name__}: {e}")
     d = dict(res.metrics)
     d["design"] = record["design"]
-    d["pools"] = record["pools"]
-    head, tail = record["title"]
+    d["pools"] = pools
     title = f"{head}{len(tr)} requests ({tr.name}){tail}"
-    return res, d, outs, ns.json, title, record["pool_lines"]
+    return res, d, outs, ns.json, title, lines

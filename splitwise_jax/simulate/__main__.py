@@ -50,14 +50,6 @@ def _warn_once(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
 
-def _whole_machines(text: str) -> int:
-    v = _cli.positive_float(text)
-    if abs(v - round(v)) > 1e-9:
-        raise argparse.ArgumentTypeError(f"must be a whole number of machines (the simulator runs each one), "
-                                         f"got {text!r}")
-    return int(round(v))
-
-
 def build_parser() -> argparse.ArgumentParser:
     from splitwise_jax.cli import _design_args
     from splitwise_jax.cluster.designs import PHASE_MODELS, PRESETS, TRANSFER_MODES
@@ -67,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--design", choices=sorted(PRESETS),
                     help="a named design (default splitwise-hh); or --design-file, or pool flags")
-    ap.add_argument("--machines", type=_whole_machines, help="machines of a colocated design (baseline, chunked)")
-    ap.add_argument("--prompt-machines", type=_whole_machines, help="prompt machines (Splitwise; DGX-H100 for HA)")
-    ap.add_argument("--token-machines", type=_whole_machines, help="token machines (Splitwise; DGX-A100 for HA)")
+    ap.add_argument("--machines", type=_cli.whole_machines, help="machines of a colocated design (baseline, chunked)")
+    ap.add_argument("--prompt-machines", type=_cli.whole_machines, help="prompt machines (Splitwise; DGX-H100 for HA)")
+    ap.add_argument("--token-machines", type=_cli.whole_machines, help="token machines (Splitwise; DGX-A100 for HA)")
     _design_args.add_design_arguments(ap, counts=True)
     ap.add_argument("--workload", default=None, help=_design_args.WORKLOAD_HELP + " (default coding)")
     ap.add_argument("--rate", type=_cli.positive_float,
@@ -177,6 +169,7 @@ def _full(argv: list[str], key: str | None) -> int:
     a = ap.parse_args(argv)
 
     from splitwise_jax.cli import _design_args
+    from splitwise_jax.cli._table import title_head
     from splitwise_jax.cluster.designs import build_cluster
     from splitwise_jax.cluster.workload import _PRESET_ALIASES
     from splitwise_jax.simulate import engine
@@ -209,15 +202,15 @@ def _full(argv: list[str], key: str | None) -> int:
     d["design"] = {"name": design.name, "kind": design.kind, "model": llm.name,
                    "chunked_prefill_tokens": design.chunked_prefill_tokens, "transfer_mode": design.transfer_mode}
     d["pools"] = pools
-    what = ", ".join(f"{p['count']:g} {p['role']} {p['machine']}" for p in pools)
-    title = (f"{design.name} ({what}{design.strategy.describe(design)}), {llm.name}, ",
+    title = (title_head(design.name, pools, design.strategy.describe(design), llm.name),
              f", {a.phase_model} phases, simulated")
     lines = _design_args.pool_lines(pools)
     _emit(res, d, outs, a.json, f"{title[0]}{len(tr)} requests ({tr.name}){title[1]}", lines)
     path = _design_args.trace_file(a.workload)
     if not a.no_cache and path is not None:  # a warm run replays or resamples trace files only
         warm.save(key, argv, a, plan=plan, tables=tables, config=config, design=d["design"], pools=pools, title=title,
-                  pool_lines=lines, trace_path=path, preset_names=_PRESET_ALIASES)
+                  pool_lines=lines, trace_path=path, preset_names=_PRESET_ALIASES,
+                  title_parts=(design.name, design.strategy.describe(design), llm.name))
     return 0
 
 
