@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-machines", type=_cli.positive_int, default=128, help="largest pool searched")
     ap.add_argument("--bins", type=_cli.nonnegative_int, default=16,
                     help="request classes per marginal for the search (0: full resolution); the answer is re-checked at full resolution")
+    ap.add_argument("--bin-scheme", choices=("equal-mass", "tail-dense"), default="equal-mass",
+                    help="how --bins merges classes (splitwise_jax.coarsen): equal probability per bin, or the "
+                         "presets' tail-dense edges")
     ap.add_argument("--slo", help="9 slowdown limits TTFT,TBT,E2E x P50,P90,P99 (default Table VI: 2,3,6,1.25,1.5,5,1.25,1.5,5)")
     _design_args.add_model_arguments(ap)
     ap.add_argument("--phase-model", default="calibrated", choices=PHASE_MODELS)
@@ -237,7 +240,7 @@ def main(argv=None) -> int:
             if not many or clusters[d].strategy.token_pool or problem.free_caps in ("none", "prompt"):
                 free_flags(clusters[d], problem.free_caps)
         wl_full = _design_args.workload_from_args(args, args.rate if args.objective != "throughput" else None)
-        wl = coarsen(wl_full, args.bins, args.bins) if args.bins else wl_full
+        wl = coarsen(wl_full, args.bins, args.bins, scheme=args.bin_scheme) if args.bins else wl_full
         for d in designs:  # budgets that cannot buy a machine per pool, pool bounds
             if not many or clusters[d].strategy.token_pool or problem.free_caps in ("none", "prompt"):
                 make_spec(clusters[d], wl, problem)
