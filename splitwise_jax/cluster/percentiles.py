@@ -561,21 +561,30 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
 
         return jax.vmap(one)(mix.scale)
 
+    def stand_in_root(p_search, llo_s, lhi_s):
+        """The search (table, zoom, Newton steps) on the stand-in: the heaviest
+        components and the rest binned; without a wait table, bins alone."""
+        p_part = _stand_in(p_search, heaviest, n_table, bins)
+        part = lambda lt: cdf(lt, p_part)  # noqa: E731
+        a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
+        return refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
+                      cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
+
+    def whole_steps(x, p_search, llo_s, lhi_s, steps: int):
+        """`steps` Newton steps on the whole mixture in the search's precision: (x, the
+        last step, whether F rose there). A loop, so that the program holds one copy of
+        the whole mixture's CDF for them."""
+        return jax.lax.fori_loop(0, steps, lambda _, c: _newton(c[0], q_s, p_search, n_table, llo_s, lhi_s),
+                                 (x, jnp.zeros_like(x), jnp.zeros(x.shape, bool)))
+
     def near(scale):
         """The stand-in's root (the heaviest components and the rest binned; without a
         wait table, bins alone), then
         Newton on the whole mixture from it: two steps in the search's precision, one in
         the inputs'; `short` where every step ended short (the root was near and F rising)."""
         _, p_fixed, p_search, llo, lhi, llo_s, lhi_s = setup(scale)
-        p_part = _stand_in(p_search, heaviest, n_table, bins)
-        part = lambda lt: cdf(lt, p_part)  # noqa: E731
-        a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
-        x_part = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
-                        cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
-        # A loop, so that the program holds one copy of the whole mixture's CDF for them.
-        x, step, rising = jax.lax.fori_loop(
-            0, _WHOLE_STEPS, lambda _, c: _newton(c[0], q_s, p_search, n_table, llo_s, lhi_s),
-            (x_part, jnp.zeros_like(x_part), jnp.zeros(x_part.shape, bool)))
+        x_part = stand_in_root(p_search, llo_s, lhi_s)
+        x, step, rising = whole_steps(x_part, p_search, llo_s, lhi_s, _WHOLE_STEPS)
         short = jnp.all(rising & (jnp.abs(step) < _WHOLE_TOL))
         x, step, rising = _newton(x.astype(dtype), qs, p_fixed, n_table, llo, lhi)
         return x, x_part, short & jnp.all(rising & (jnp.abs(step) < _POLISH_MAX_STEP))
@@ -600,15 +609,9 @@ def quantiles(mix: Mixture, res: Resolution = Resolution()):
             """The stand-in's root and `res.whole_steps` Newton steps on the whole
             mixture in the search's precision: the answer (the sweep resolution)."""
             _, _, p_search, _, _, llo_s, lhi_s = setup(scale)
-            p_part = _stand_in(p_search, heaviest, n_table, bins)
-            part = lambda lt: cdf(lt, p_part)  # noqa: E731
-            a, b, ha, hb = bracket(part, q_s, llo_s, lhi_s, res.grid_points, zoom_points=res.zoom_points)
-            x = refine(part, q_s, a, b, ha, hb, llo_s, lhi_s, res.refine_iters,
-                       cdf_slope=lambda lt: _cdf_slope(lt, p_part, n_table))
+            x = stand_in_root(p_search, llo_s, lhi_s)
             if res.whole_steps:
-                x, _, _ = jax.lax.fori_loop(
-                    0, res.whole_steps, lambda _, c: _newton(c[0], q_s, p_search, n_table, llo_s, lhi_s),
-                    (x, jnp.zeros_like(x), jnp.zeros(x.shape, bool)))
+                x, _, _ = whole_steps(x, p_search, llo_s, lhi_s, res.whole_steps)
             return answer(scale, x.astype(dtype))
 
         return jax.vmap(stepped)(mix.scale)
