@@ -122,6 +122,12 @@ def _pool_counts(counts: dict) -> tuple[int, int]:
     return counts.get("prompt_machines", counts.get("machines", 0)), counts.get("token_machines", 0)
 
 
+def _by_role(counts: dict) -> dict:
+    """Machines per pool role (the pools' JSON objects) the count flags give."""
+    n_p, n_t = _pool_counts(counts)
+    return {"prompt": n_p, "colocated": n_p, "token": n_t}
+
+
 def _with_counts(record: dict, counts: dict) -> tuple[dict, list, str, list[str]]:
     """(plan, pools, title head, pool lines) of a record at other machine counts."""
     from splitwise_jax.cli._table import pool_lines, title_head
@@ -129,7 +135,7 @@ def _with_counts(record: dict, counts: dict) -> tuple[dict, list, str, list[str]
     n_p, n_t = _pool_counts(counts)
     plan = dict(record["plan"], prompt=dict(record["plan"]["prompt"], count=n_p),
                 token=dict(record["plan"]["token"], count=n_t))
-    by_role = {"prompt": n_p, "colocated": n_p, "token": n_t}
+    by_role = _by_role(counts)
     pools = [dict(p, count=float(by_role[p["role"]])) for p in record["pools"]]
     name, describe, llm_name = record["title_parts"]
     return plan, pools, title_head(name, pools, describe, llm_name), pool_lines(pools)
@@ -141,7 +147,7 @@ def _counts_fit(plan, pools: list, counts: dict) -> bool:
     n_p, n_t = _pool_counts(counts)
     if plan.prompt.count != n_p or plan.token.count != n_t:
         return False
-    by_role = {"prompt": n_p, "colocated": n_p, "token": n_t}
+    by_role = _by_role(counts)
     return all(p.get("role") in by_role and p.get("count") == float(by_role[p["role"]]) for p in pools)
 
 
@@ -169,8 +175,8 @@ def _key(rest: list[str], counts: dict) -> str:
                  if k.startswith(("SPLITWISE_", "JAX_", "XLA_")) and k != "SPLITWISE_JAX_CACHE")
     # the working folder: relative paths on the command line, and where the shared data
     # is looked for (`_paths.shared_dir`)
-    for part in (_VERSION, rest, sorted(counts), os.getcwd(), env, sys.version, np.__version__, _installed("jax"), _installed("jaxlib"),
-                 package_digest()):
+    for part in (_VERSION, rest, sorted(counts), os.getcwd(), env, sys.version, np.__version__, _installed("jax"),
+                 _installed("jaxlib"), package_digest()):
         h.update(repr(part).encode())
         h.update(b"\0")
     return h.hexdigest()[:40]
