@@ -397,7 +397,7 @@ def test_sweep_resolution_gradient_is_finite():
         assert np.all(np.isfinite(np.asarray(leaf)))
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "one"])
+@pytest.mark.parametrize("bad", [-1, 1.5, "one", True])
 def test_whole_steps_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="whole_steps must be None or an integer >= 0"):
         Resolution(whole_steps=bad)

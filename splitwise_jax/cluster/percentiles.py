@@ -98,8 +98,9 @@ class Resolution:
     whole_steps: int | None = None
 
     def __post_init__(self):
-        if self.whole_steps is not None and (not isinstance(self.whole_steps, int) or self.whole_steps < 0):
-            raise ValueError(f"whole_steps must be None or an integer >= 0, got {self.whole_steps!r}")
+        w = self.whole_steps
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
+            raise ValueError(f"whole_steps must be None or an integer >= 0, got {w!r}")
 
 
 SWEEP_RESOLUTION = Resolution(whole_steps=1)
