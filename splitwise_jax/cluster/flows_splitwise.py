@@ -21,7 +21,11 @@ machine, serialized or layer-wise.
    for KV memory too where the moved decodes fill it: `_memory_bound`), and the share
    of its prompts that run on mixed machines;
 4b. `_step4b_decode_routes`: what a decode on a token machine and a moved decode on a
-   mixed machine sit through.
+   mixed machine sit through;
+5. `_step5_memory_drafting` (`MEMORY_DRAFTS`, off): where the moved decodes fill the
+   prompt machines' KV memory, drafting read again at the queue that memory makes,
+   steps 2-4 again with those drafts, and every prompt waiting that queue
+   (`_step5b_memory_waits`).
 
 References:
     Patel et al., Splitwise, ISCA 2024 §IV-C (the mixed pool), §V; SplitwiseSim's
@@ -62,6 +66,12 @@ _DRAIN_DRAFTS = 6.0
 # The token machines' first-step wait (`_token_first_wait`): off by default, with the
 # drafting regime (docs/cluster.md §4 and §7).
 TOKEN_FIRST_WAIT = False
+# Drafting read again at the memory-bound queue (`_step5_memory_drafting`): off. It
+# brings the drafted share of conversation prompts near saturation to the simulation's
+# and the 0.8-0.95 band's TBT P50 / P90 closer on two sets of configurations, but on the
+# held-out set it made the overloaded runs' TTFT and E2E P50 worse (docs/validation.md,
+# twenty-second session).
+MEMORY_DRAFTS = False
 # Width of the switch (in load) by which a full KV memory on the prompt machines makes
 # arrivals wait (`_memory_bound`).
 _MEMORY_QUEUE_TEMPERATURE = 0.02
@@ -234,16 +244,18 @@ class _MixedPrompts(NamedTuple):
     full_m: object          # chance every machine to draft onto is queued
     events_m: object        # prompt events per step a moved decode sees at full exposure
     wm_p: WaitModel         # the free prompt machines' wait law for their compute alone
+    memory_scale: object    # the KV-memory wait's factor on the prompt service (`_memory_bound`)
 
 
 def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution, window_s=None) -> Flows:
     """Splitwise's flows (`types.Flows`): routes, pool states, drafted and moved shares."""
     s = _setup(cluster, cls, lam, ca2, horizon_s, res, window_s)
     d = _step1_drafting(s)
-    r = _step2_reservations(s, d)
-    n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
-    pools = _step3_pools(s, d, f_km, f)
-    mp = _step4_prompt_routes(s, d, n_mixed, f, pools)
+    r, n_mixed, f_km, f, pools, mp = _steps_2_to_4(s, d)
+    if MEMORY_DRAFTS:
+        d = _step5_memory_drafting(s, d, mp)
+        r, n_mixed, f_km, f, pools, mp5 = _steps_2_to_4(s, d)
+        mp = _step5b_memory_waits(s, pools, mp5, mp.routes[0].wait)
     decode_routes = _step4b_decode_routes(s, d, r, n_mixed, f_km, pools, mp)
     st_p, st_t = pools.st_p, pools.st_t
     pressure = (r.demand + jnp.sum(cls.w * r.m_tok)) / r.capacity
@@ -334,9 +346,23 @@ def _step1_drafting(s: _Setup) -> _Drafting:
                                          decode_rate=0.0, batch_cap=cap_T, **s.pool))
     t_alone = st_t_alone.prompt_s
     x_tot, x_k, wm_p0, _, _ = _drafting(s, st_p0, t_alone, s.n_p, s.n_t)
-    w_t = (cls.wp * x_k + 1e-12 * cls.wp) / (x_tot + 1e-12)
-    w_p = (cls.wp * (1.0 - x_k) + 1e-12 * cls.wp) / (1.0 - x_tot + 1e-12)
-    return _Drafting(st_p0, t_alone, x_tot, x_k, wm_p0, w_t, w_p)
+    return _with_drafts(s, _Drafting(st_p0, t_alone, x_tot, x_k, wm_p0, None, None), x_tot, x_k)
+
+
+def _with_drafts(s: _Setup, d: _Drafting, x_tot, x_k) -> _Drafting:
+    """`d` with the drafted shares (x_tot, x_k) and the two pools' prompt mixes they give."""
+    wp = s.cls.wp
+    w_t = (wp * x_k + 1e-12 * wp) / (x_tot + 1e-12)
+    w_p = (wp * (1.0 - x_k) + 1e-12 * wp) / (1.0 - x_tot + 1e-12)
+    return d._replace(x_tot=x_tot, x_k=x_k, w_t=w_t, w_p=w_p)
+
+
+def _steps_2_to_4(s: _Setup, d: _Drafting):
+    """Steps 2-4 for the drafts `d`: (reservations, n_mixed, f_km, f, pools, prompt routes)."""
+    r = _step2_reservations(s, d)
+    n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
+    pools = _step3_pools(s, d, f_km, f)
+    return (r, n_mixed, f_km, f, pools, _step4_prompt_routes(s, d, n_mixed, f, pools))
 
 
 def _drafts_per_token_machine(s: _Setup, d: _Drafting):
@@ -522,7 +548,37 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     on_mixed = rel * n_mixed / jnp.maximum(n_free + rel * n_mixed, 1e-9)
     routes = (PromptRoute(d.st_p0, wm_wait, 1.0 - d.x_k, other_state=st_p, other_share=on_mixed),
               PromptRoute(pools.st_t, pools.wm_t, d.x_k))
-    return _MixedPrompts(routes, x_mk, devolved, full_m, events_m, wm_p)
+    return _MixedPrompts(routes, x_mk, devolved, full_m, events_m, wm_p, scale)
+
+
+def _step5_memory_drafting(s: _Setup, d: _Drafting, mp: _MixedPrompts) -> _Drafting:
+    """5. Drafting read again at the memory-bound queue (issue 39; docs/cluster.md §4,
+    "Drafting at the memory-bound queue").
+
+    Step 1 drafts from the prompt pool as if it held no decodes. Where the moved decodes
+    fill the prompt machines' KV memory, prompts queue for memory (`_memory_bound`), the
+    pending tokens pass the drafting threshold, and the simulator drafts 9-36 % of
+    conversation prompts where step 1 drafts 0-14 % (63 near-saturation configurations
+    x 4 seeds). So the drafting law is solved once more on the prompt pool with its
+    service stretched by the memory wait's factor; with no memory wait the factor is 1
+    and the drafts are step 1's."""
+    sc = mp.memory_scale
+    st0 = d.st_p0._replace(mean_prompt_s=d.st_p0.mean_prompt_s * sc, prompt_s=d.st_p0.prompt_s * sc)
+    x_tot, x_k, _, _, _ = _drafting(s, st0, d.t_alone, s.n_p, s.n_t)
+    return _with_drafts(s, d, x_tot, x_k)
+
+
+def _step5b_memory_waits(s: _Setup, pools: _Pools, mp: _MixedPrompts, wait_p: WaitModel) -> _MixedPrompts:
+    """5b. The prompt routes' waits with step 5's drafts: the prompt pool keeps the
+    memory-bound queue of the first pass (`wait_p`), which the drafts do not shorten
+    (they start only once the queue is that long), and a drafted prompt waits it too
+    where the prompt machines' memory is full (the token machines' then is as well: in
+    our simulator a drafted conversation prompt waits as long as the others or longer,
+    TTFT P50 33 / 60 / 43 s against 25 / 25 / 37 s on three such configurations), its
+    token machines' own wait law where it is not (switched as `_memory_bound` switches)."""
+    _, on = _memory_switch(s, pools)
+    wait_t = jax.tree.map(lambda a, b: a + on * (b - a), mp.routes[1].wait, wait_p._replace(cap_s=None))
+    return mp._replace(routes=(mp.routes[0]._replace(wait=wait_p), mp.routes[1]._replace(wait=wait_t)))
 
 
 def _memory_bound(s: _Setup, f, pools: _Pools, rho):
@@ -543,14 +599,13 @@ def _memory_bound(s: _Setup, f, pools: _Pools, rho):
     switched on smoothly as rho_m passes 1 (docs/cluster.md §4, "Waiting for KV memory").
     """
     st_p = pools.st_p
-    rho_m = st_p.batch_need * pools.ctx_p / jnp.maximum(s.cap_tok_P, 1e-9)
+    rho_m, on = _memory_switch(s, pools)
     t_d = jnp.maximum(st_p.decode_s, 1e-9)
     interf = jnp.maximum(st_p.step_s - st_p.decode_s, 1e-9 * t_d)
     c = (t_d + interf) / jnp.maximum(rho_m, 1e-9)
     a = 2.0 * c / (t_d + jnp.sqrt(t_d**2 + 4.0 * interf * c))  # the root, written stably
     rho_q = 1.0 / jnp.maximum(1.0 - f + f * a, 1e-6)
     rho = jnp.maximum(rho, 1e-9)
-    on = jax.nn.sigmoid((rho_m - 1.0) / _MEMORY_QUEUE_TEMPERATURE)
     # When the wait starts: a run starts empty, the token machines' memory fills first
     # (every decode goes there until then), then the prompt machines' with the moved ones.
     fill_t = s.cap_tok_T / jnp.maximum(pools.ctx_t * s.lam / jnp.maximum(s.n_t, 1e-6), 1e-9)
@@ -558,6 +613,13 @@ def _memory_bound(s: _Setup, f, pools: _Pools, rho):
     return (1.0 + on * softplus(rho_q - rho, _MEMORY_QUEUE_TEMPERATURE) / rho,
             1.0 / (1.0 + on * softplus(rho_q - 1.0, _MEMORY_QUEUE_TEMPERATURE)),
             on * (fill_t + fill_p))
+
+
+def _memory_switch(s: _Setup, pools: _Pools):
+    """(rho_m, on): the KV memory the moved decodes need on a prompt machine over what it
+    holds, and the smooth switch that turns the memory wait on as rho_m passes 1."""
+    rho_m = pools.st_p.batch_need * pools.ctx_p / jnp.maximum(s.cap_tok_P, 1e-9)
+    return rho_m, jax.nn.sigmoid((rho_m - 1.0) / _MEMORY_QUEUE_TEMPERATURE)
 
 
 def _after_onset(wm: WaitModel, onset_s, window_s) -> WaitModel:
