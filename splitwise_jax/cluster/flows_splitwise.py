@@ -38,6 +38,7 @@ from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.scipy.special import log_ndtr
 from jax.scipy.stats import norm
 
 from splitwise_jax._roots import fixed_point_01
@@ -72,9 +73,18 @@ TOKEN_FIRST_WAIT = False
 # held-out set it made the overloaded runs' TTFT and E2E P50 worse (docs/validation.md,
 # twenty-second session).
 MEMORY_DRAFTS = False
+# The token pool's occupancy reflected below its memory (`_overflow_share_reflected`):
+# off. It brings the moved shares of full pools to the reference's without changing a
+# reference verdict, and TTFT closer on fresh configurations, but E2E P50 further
+# (docs/validation.md, twenty-second session).
+REFLECTED_OVERFLOW = False
 # Width of the switch (in load) by which a full KV memory on the prompt machines makes
 # arrivals wait (`_memory_bound`).
 _MEMORY_QUEUE_TEMPERATURE = 0.02
+# The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
+# x = asinh((mu - C) / sd) over [asinh(-C / sd - 10), 12] (mu up to ~8e4 sd above C).
+_REFLECTED_BISECTIONS = 60
+_REFLECTED_X_MAX = 12.0
 # Most of a run's window the KV-memory wait's onset may take (`_after_onset`).
 _ONSET_MAX = 0.95
 
@@ -171,24 +181,67 @@ def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
     R = lambda sum_km w_km (1 - f_km(R)) m_km s_km; the right side falls as R rises, so
     the root is unique (solved as a share u = R / demand in [0, 1]).
 
-    Measured alternative, not taken: the occupancy reflected below the capacity
-    (an Ornstein-Uhlenbeck process's reflected law is the truncated normal, which makes
-    the selection of large reservations sharp) matches conversation runs better (HH
-    16+6: 8.5% moved vs 9% in the reference, against 30% here) but moved far fewer
-    decodes on coding runs near saturation, where the reference's overflow comes in
-    cascades (a drafted 7k-token prompt blocks a token machine for 1.3 s and every
-    reservation on it waits); over both reference files it agreed on 115 of 124 SLO
-    verdicts, as this form does, but with 7 false "meets" instead of 4
-    (docs/cluster.md, §4).
+    The alternative, off (`REFLECTED_OVERFLOW`, `_overflow_share_reflected`): the
+    occupancy reflected below the capacity (an Ornstein-Uhlenbeck process's reflected
+    law is the truncated normal, which makes the selection of large reservations
+    sharp). First measured with fewer of the cascade's parts modelled (7 false "meets"
+    over both reference files, against 4); retried 2026-12-06 with its location solved
+    from the truncated mean: 119 / 120 Poisson reference verdicts, as this form, with the
+    moved shares of full pools nearer the reference's (conversation HH 16+6: 18 % against
+    9 %, 31 % here), and on our simulator near saturation TTFT closer on fresh
+    configurations but E2E P50 further (docs/validation.md, twenty-second session).
     """
     demand = lam * jnp.sum(cls.w * m_tok * sojourn)
     sd = jnp.sqrt(var + 1e-12 * capacity**2)
+    if REFLECTED_OVERFLOW:
+        return _overflow_share_reflected(cls, lam, m_tok, sojourn, sd, capacity)
 
     def share(u):
         return norm.cdf((u * demand + m_tok - capacity) / sd)
 
     u = fixed_point_01(lambda u_: safe_div(lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn), demand))
     return share(u), u * demand
+
+
+def _overflow_share_reflected(cls: Classes, lam, m_tok, sojourn, sd, capacity):
+    """`_overflow_share` with the occupancy reflected below the capacity C (issue 39,
+    `REFLECTED_OVERFLOW`): R ~ Normal(mu, sd) given R <= C, so a request of m tokens
+    overflows with f = P(R > C - m | R <= C) = 1 - Phi(z - m / sd) / Phi(z), z = (C - mu)
+    / sd: in a full pool the room left is small and the large requests overflow, the
+    small ones fit (the reference's full token pools move 9 % of conversation requests
+    and 25 % of the memory-time). The location mu solves
+    E[R | R <= C] = mu - sd phi(z) / Phi(z) = lambda sum_km w_km (1 - f_km(mu)) m_km s_km
+    (left side rising in mu, right side falling: one root), found by bisection in
+    x = asinh((mu - C) / sd), which reaches the deep overload where mu >> C, then one
+    Newton step that carries the implicit gradient. Log-space tails (log_ndtr) keep it
+    finite there. Returns (f_km, the carried mean)."""
+
+    def f_of(mu):
+        z = (capacity - mu) / sd
+        return -jnp.expm1(log_ndtr(z - m_tok / sd) - log_ndtr(z))
+
+    def carried(mu):
+        z = (capacity - mu) / sd
+        return mu - sd * jnp.exp(norm.logpdf(z) - log_ndtr(z))
+
+    def g(x):
+        mu = capacity + sd * jnp.sinh(x)
+        return carried(mu) - lam * jnp.sum(cls.w * (1.0 - f_of(mu)) * m_tok * sojourn)
+
+    g_sg = lambda x: jax.lax.stop_gradient(g(x))  # noqa: E731  (the search is not differentiated)
+
+    def halve(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        up = g_sg(mid) > 0.0
+        return jnp.where(up, lo, mid), jnp.where(up, mid, hi)
+
+    lo = jax.lax.stop_gradient(jnp.arcsinh(-capacity / sd - 10.0))
+    lo, hi = jax.lax.fori_loop(0, _REFLECTED_BISECTIONS, halve, (lo, jnp.full_like(lo, _REFLECTED_X_MAX)))
+    x = jax.lax.stop_gradient(0.5 * (lo + hi))
+    x = x - g(x) / jax.lax.stop_gradient(jax.grad(g)(x) + 1e-30)
+    mu = capacity + sd * jnp.sinh(x)
+    return f_of(mu), carried(mu)
 
 
 class _Setup(NamedTuple):
