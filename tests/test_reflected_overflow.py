@@ -37,7 +37,8 @@ def test_light_load_keeps_everything_and_overload_carries_the_capacity():
         f, carried = _reflected(lam, cap)
         f = np.asarray(f)[:, 0]
         # What is carried is what fits: the memory, less the reflected law's gap below it
-        # (at most a few sd), and it is the carried mean the law says it is.
+        # (at most a few sd), and it is the carried mean the law says it is (to 1e-6: the
+        # root is bisected to 2^-60 of its bracket, then refined by a Newton step).
         assert cap - 4 * 20_000.0 < float(carried) <= cap, (lam, carried)
         kept = float(lam * jnp.sum(W[:, 0] * (1.0 - f) * M_TOK[:, 0] * SOJOURN[:, 0]))
         assert abs(kept / float(carried) - 1.0) < 1e-6, (lam, kept, carried)
