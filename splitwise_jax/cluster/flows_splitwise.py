@@ -78,6 +78,15 @@ MEMORY_DRAFTS = False
 # reference verdict, and TTFT closer on fresh configurations, but E2E P50 further
 # (docs/validation.md, twenty-second session).
 REFLECTED_OVERFLOW = False
+# The cascade's pass (`_cascade_pass`): off. Drafting read again on the prompt machines
+# the mixed pool has not taken, its extra drafts reaching token machines in the share
+# the token machines hold of the mixed pool. With the drafting regime and the first-step
+# wait it leaves no false "meets" on the reference's runs (docs/validation.md,
+# twenty-third session).
+CASCADE_PASS = False
+# Drafted prompts wait the prompt pool's KV-memory queue where the prompt machines'
+# memory is full (`_step5b_memory_waits` without step 5's drafting): off.
+DRAFTS_WAIT_MEMORY = False
 # Width of the switch (in load) by which a full KV memory on the prompt machines makes
 # arrivals wait (`_memory_bound`).
 _MEMORY_QUEUE_TEMPERATURE = 0.02
@@ -305,10 +314,15 @@ def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution,
     s = _setup(cluster, cls, lam, ca2, horizon_s, res, window_s)
     d = _step1_drafting(s)
     r, n_mixed, f_km, f, pools, mp = _steps_2_to_4(s, d)
+    if CASCADE_PASS:
+        d = _cascade_pass(s, d, n_mixed)
+        r, n_mixed, f_km, f, pools, mp = _steps_2_to_4(s, d)
     if MEMORY_DRAFTS:
         d = _step5_memory_drafting(s, d, mp)
         r, n_mixed, f_km, f, pools, mp5 = _steps_2_to_4(s, d)
         mp = _step5b_memory_waits(s, pools, mp5, mp.routes[0].wait)
+    elif DRAFTS_WAIT_MEMORY:
+        mp = _step5b_memory_waits(s, pools, mp, mp.routes[0].wait)
     decode_routes = _step4b_decode_routes(s, d, r, n_mixed, f_km, pools, mp)
     st_p, st_t = pools.st_p, pools.st_t
     pressure = (r.demand + jnp.sum(cls.w * r.m_tok)) / r.capacity
@@ -416,6 +430,26 @@ def _steps_2_to_4(s: _Setup, d: _Drafting):
     n_mixed, f_km, f = _step2b_mixed_pool(s, d, r)
     pools = _step3_pools(s, d, f_km, f)
     return (r, n_mixed, f_km, f, pools, _step4_prompt_routes(s, d, n_mixed, f, pools))
+
+
+def _cascade_pass(s: _Setup, d: _Drafting, n_mixed) -> _Drafting:
+    """The cascade's feedback on drafting (`CASCADE_PASS`, off; docs/cluster.md §4).
+
+    A prompt machine that took a moved decode has left the prompt pool, so the pool's
+    least-loaded machine is chosen among n_p - n_mixed, passes the threshold more often
+    and refuses more prompts. A refused prompt goes to the mixed pool's least-loaded
+    machine: a converted token machine (its pending tokens are its decodes, one each)
+    or a converted prompt machine, about in proportion to their numbers once a token
+    machine has been converted, which the step-1 drafts do within the window with the
+    chance 1 - (1 - e^-a) / a, a = lambda X_1 T (a token machine with decodes seldom
+    empties, so it stays converted). So the drafts are step 1's plus that share of the
+    extra refusals; the prompt pool's wait law is the smaller pool's."""
+    x_n, xk_n, wm_n, _, _ = _drafting(s, d.st_p0, d.t_alone, s.n_p - n_mixed, s.n_t)
+    a = s.lam * d.x_tot * s.horizon_s
+    converted = 1.0 + jnp.expm1(-a) / jnp.maximum(a, 1e-9)
+    to_t = converted * s.n_t / jnp.maximum(s.n_t + n_mixed, 1e-6)
+    x_k = d.x_k + to_t * (xk_n - d.x_k)
+    return _with_drafts(s, d._replace(wm_p0=wm_n), jnp.dot(s.cls.wp, x_k), x_k)
 
 
 def _drafts_per_token_machine(s: _Setup, d: _Drafting):
@@ -592,7 +626,7 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     # reservations and the drafting keep the central queue).
     wm_wait = _after_onset(wait_model(rate_p, st_p.mean_prompt_s * scale, st_p.scv_prompt, n_free, s.ca2,
                                       s.horizon_s, routed_residual_share=ROUTED_RESIDUAL_SHARE_PROMPT_POOL,
-                                      exact_c=EXACT_C_PROMPT_POOL)._replace(cap_s=wm_m.cap_s),
+                                      exact_c=EXACT_C_PROMPT_POOL)._replace(cap_s=_memory_cap(s, pools, wm_m.cap_s)),
                            onset, s.pool["window_s"])
     wm_p = wait_model(rate_p * admitted, st_p.mean_prompt_s, st_p.scv_prompt, n_free, s.ca2, s.horizon_s)
     # A prompt routed in the prompt pool runs on a free machine (no decoders: it neither
@@ -602,6 +636,16 @@ def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> 
     routes = (PromptRoute(d.st_p0, wm_wait, 1.0 - d.x_k, other_state=st_p, other_share=on_mixed),
               PromptRoute(pools.st_t, pools.wm_t, d.x_k))
     return _MixedPrompts(routes, x_mk, devolved, full_m, events_m, wm_p, scale)
+
+
+def _memory_cap(s: _Setup, pools: _Pools, cap_s):
+    """The drafting regime's cap on the admitted wait, lifted where the prompt machines'
+    KV memory is full: a queue for memory is not held by drafting (its drafts wait for
+    memory too). Without a cap (the default law) nothing changes."""
+    if cap_s is None:
+        return cap_s
+    _, on = _memory_switch(s, pools)
+    return cap_s / jnp.maximum(1.0 - on, 1e-3)
 
 
 def _step5_memory_drafting(s: _Setup, d: _Drafting, mp: _MixedPrompts) -> _Drafting:
