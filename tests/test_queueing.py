@@ -337,3 +337,35 @@ def test_burst_law_is_differentiable_in_the_service_time():
     for es in (0.05, 0.1, 0.3, 20.0):
         g = float(jax.grad(mean_wait)(es))
         assert np.isfinite(g) and g > 0.0  # longer service, same load: longer waits
+
+
+def test_a_held_queue_past_its_cap_is_the_doubly_reflected_law():
+    """With a cap (the drafting regime holds the queue) and a queue that would grow past it
+    within the window (drift > 0), P(W <= cap) underflows float32 and the windowed ratio
+    was round-off (three overloaded Llama2-70B conversation clusters got one value for
+    P50, P90 and P99; docs/validation.md, twenty-third session). The law is then the
+    diffusion reflected at 0 and at the cap, expm1(k x) / expm1(k cap), k = 2 drift /
+    var. Below capacity (P(W <= cap) ~ 1) it is the windowed ratio as before."""
+    from splitwise_jax.cluster.queueing import WaitModel
+
+    def law(drift, var, cap):
+        return WaitModel(jnp.float32(1.0), jnp.float32(drift), jnp.float32(var), jnp.float32(120.0),
+                         jnp.float32(1.0 + drift), jnp.float32(0.0), 0.0, jnp.float32(cap))
+
+    from splitwise_jax.cluster.percentiles import Resolution
+
+    n = Resolution().window_points   # the model's window quadrature (8: its first point at 7.5 s)
+    xs = jnp.linspace(0.0, 0.33, 34, dtype=jnp.float32)
+    wm = law(0.3055, 0.0081, 0.33)   # the prompt pool of Splitwise-HH 34 + 15 with the cascade's pass
+    cdf = np.asarray(wait_cdf_busy(xs, wm, n))
+    k = 2.0 * 0.3055 / 0.0081
+    exact = np.expm1(k * np.asarray(xs, float)) / np.expm1(k * 0.33)
+    # Tolerance: float32 logs of expm1 at k cap ~ 25 (a few ulps of e^25 relative).
+    np.testing.assert_allclose(cdf, exact, rtol=1e-4, atol=1e-6)
+    assert np.all(np.diff(cdf) >= 0.0) and cdf[-1] == pytest.approx(1.0, abs=1e-6)
+    # Deep below capacity the cap is never reached: the unconditioned law, as before.
+    low = law(-0.5, 0.0081, 5.0)
+    np.testing.assert_allclose(np.asarray(wait_cdf_busy(xs, low, n)),
+                               np.asarray(wait_cdf_busy(xs, low._replace(cap_s=None), n)), rtol=1e-5, atol=1e-6)
+    g = jax.grad(lambda d: jnp.sum(wait_cdf_busy(xs[1:], law(d, 0.0081, 0.33), n)))(jnp.float32(0.3))
+    assert np.isfinite(float(g))

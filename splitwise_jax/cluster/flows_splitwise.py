@@ -315,7 +315,7 @@ def splitwise_flows(cluster, cls: Classes, lam, ca2, horizon_s, res: Resolution,
     d = _step1_drafting(s)
     r, n_mixed, f_km, f, pools, mp = _steps_2_to_4(s, d)
     if CASCADE_PASS:
-        d = _cascade_pass(s, d, n_mixed)
+        d = _cascade_pass(s, d, n_mixed, pools)
         r, n_mixed, f_km, f, pools, mp = _steps_2_to_4(s, d)
     if MEMORY_DRAFTS:
         d = _step5_memory_drafting(s, d, mp)
@@ -432,7 +432,7 @@ def _steps_2_to_4(s: _Setup, d: _Drafting):
     return (r, n_mixed, f_km, f, pools, _step4_prompt_routes(s, d, n_mixed, f, pools))
 
 
-def _cascade_pass(s: _Setup, d: _Drafting, n_mixed) -> _Drafting:
+def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools=None) -> _Drafting:
     """The cascade's feedback on drafting (`CASCADE_PASS`, off; docs/cluster.md §4).
 
     A prompt machine that took a moved decode has left the prompt pool, so the pool's
@@ -442,14 +442,21 @@ def _cascade_pass(s: _Setup, d: _Drafting, n_mixed) -> _Drafting:
     or a converted prompt machine, about in proportion to their numbers once a token
     machine has been converted, which the step-1 drafts do within the window with the
     chance 1 - (1 - e^-a) / a, a = lambda X_1 T (a token machine with decodes seldom
-    empties, so it stays converted). So the drafts are step 1's plus that share of the
-    extra refusals; the prompt pool's wait law is the smaller pool's."""
+    empties, so it stays converted), or at once where the prompt machines' KV memory is
+    full (every machine then holds a queue; `_memory_switch`). So the drafts are step
+    1's plus that share of the extra refusals, and the prompt pool's wait law moves
+    towards the smaller pool's by the same share (a refused prompt that is not drafted
+    waits on a converted prompt machine)."""
     x_n, xk_n, wm_n, _, _ = _drafting(s, d.st_p0, d.t_alone, s.n_p - n_mixed, s.n_t)
     a = s.lam * d.x_tot * s.horizon_s
     converted = 1.0 + jnp.expm1(-a) / jnp.maximum(a, 1e-9)
+    if pools is not None:  # a full KV memory queues every machine: refusals convert token machines
+        _, on = _memory_switch(s, pools)
+        converted = 1.0 - (1.0 - converted) * (1.0 - on)
     to_t = converted * s.n_t / jnp.maximum(s.n_t + n_mixed, 1e-6)
     x_k = d.x_k + to_t * (xk_n - d.x_k)
-    return _with_drafts(s, d._replace(wm_p0=wm_n), jnp.dot(s.cls.wp, x_k), x_k)
+    wm = jax.tree.map(lambda u, v: u + to_t * (v - u), d.wm_p0, wm_n)
+    return _with_drafts(s, d._replace(wm_p0=wm), jnp.dot(s.cls.wp, x_k), x_k)
 
 
 def _drafts_per_token_machine(s: _Setup, d: _Drafting):

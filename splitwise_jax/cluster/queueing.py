@@ -307,4 +307,22 @@ def wait_cdf_busy(w, model: WaitModel, n_points: int):
     # Conditioned on W <= cap (the arrivals that would find more were drafted).
     x_cap = jnp.maximum(model.cap_s - model.shift_s, 1e-9)
     top = jnp.mean(rbm_cdf(x_cap[..., None], model.drift, model.var, u), axis=-1)
-    return jnp.minimum(vals / jnp.maximum(top, 1e-12), 1.0)
+    ratio = jnp.minimum(vals / jnp.maximum(top, 1e-12), 1.0)
+    # Where the unregulated queue grows past the cap within the window (drift > 0), P(W
+    # <= cap) underflows and the ratio is round-off; the queue the drafts hold is then
+    # the diffusion reflected at 0 and at the cap, whose stationary CDF is
+    # expm1(k x) / expm1(k cap), k = 2 drift / var (uniform as k -> 0). The two blend as
+    # log10 P(W <= cap) goes from -5 to -3 (float32 keeps ~1e-7 of the CDF).
+    held = _held_cdf(jnp.minimum(x, x_cap), x_cap, 2.0 * model.drift / jnp.maximum(model.var, 1e-12))
+    w = jnp.clip((jnp.log10(jnp.maximum(top, 1e-30)) + 5.0) / 2.0, 0.0, 1.0)
+    return held + w * (ratio - held)
+
+
+def _held_cdf(x, x_cap, k):
+    """expm1(k x) / expm1(k x_cap) for 0 <= x <= x_cap, in logs (stable for any sign of k)."""
+    def log_abs_expm1(a):
+        a_abs = jnp.maximum(jnp.abs(a), 1e-30)
+        return jnp.maximum(a, 0.0) + jnp.log(-jnp.expm1(-a_abs))
+
+    k = jnp.where(jnp.abs(k) < 1e-12, 1e-12, k)
+    return jnp.exp(jnp.minimum(log_abs_expm1(k * x) - log_abs_expm1(k * x_cap), 0.0))
