@@ -5,7 +5,10 @@ requests routed to the machine with the fewest pending tokens) are the baselines
 chunked prefill (`chunked.Chunked`); they differ only in their iterations.
 
 `Baseline` (Splitwise §V): N machines, each running prompts and decodes with mixed
-continuous batching (a whole prompt first; the decodes wait for it).
+continuous batching (a whole prompt first; the decodes wait for it). Where the decodes
+need more KV memory than the machines hold, prompts also wait for memory and the
+machines run at the rate memory admits (`memory_wait`, `MEMORY_WAIT`; docs/cluster.md
+§4, "Waiting for KV memory").
 """
 
 from __future__ import annotations
@@ -14,10 +17,17 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
+from splitwise_jax._smooth import softplus
+
+from splitwise_jax.cluster import memory_wait
 from splitwise_jax.cluster.pool import interfered_share, pool_state
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
+
+# Prompts wait for KV memory where the decodes need more than the machines hold
+# (`memory_wait`; issue 39, twenty-third session).
+MEMORY_WAIT = True
 
 
 class Baseline(Colocated):
@@ -42,10 +52,28 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     # prompts share iterations (pool._batched_rates)
     st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt,
                     window_s=window_s, batch_prompts=1.0)
-    # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
-    wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
-    zero = jnp.zeros_like(cls.p)
     pressure = st.batch_need / cap_P
+    scale = 1.0
+    onset = 0.0
+    if MEMORY_WAIT:
+        # Decodes that need more KV memory than the machines hold: memory admits a share
+        # of the arrivals (the machines run prompts and decodes at that rate) and the
+        # rest queue, from when memory has filled (`memory_wait`, f = 1).
+        # Past the machines' compute capacity (rho > 1) requests are admitted at its rate,
+        # not the arrival rate, so the decodes need that much less memory.
+        rho = lam * st.mean_prompt_s / n_p
+        need = pressure / (1.0 + softplus(rho - 1.0, memory_wait.TEMPERATURE))
+        scale, admitted = memory_wait.memory_bound(st.decode_s, st.step_s, need, 1.0, rho)
+        onset = memory_wait.switch(need) * cap_P * n_p / jnp.maximum(lam, 1e-9)  # memory filled from empty
+        st_full = st
+        st = pool_state(P, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters, cls.ctx,
+                        cap_P, mbt, window_s=window_s, batch_prompts=1.0)
+        st = st._replace(mean_prompt_s=st_full.mean_prompt_s, scv_prompt=st_full.scv_prompt)
+    # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
+    wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
+    if MEMORY_WAIT:
+        wm = memory_wait.after_onset(wm, onset, window_s)
+    zero = jnp.zeros_like(cls.p)
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
     # prompts run only while requests arrive: a decode's steps past the window's end
     # sit through none (pool.interfered_share)

@@ -43,6 +43,7 @@ from jax.scipy.stats import norm
 
 from splitwise_jax._roots import fixed_point_01
 from splitwise_jax._smooth import safe_div, smooth_min_one, smooth_min_pos, softplus
+from splitwise_jax.cluster import memory_wait
 from splitwise_jax.cluster.balking import balking
 from splitwise_jax.cluster.percentiles import Resolution, busy_wait_moments
 from splitwise_jax.cluster.pool import PoolState, interruptions_per_step, pool_state, pool_states
@@ -87,15 +88,10 @@ CASCADE_PASS = False
 # Drafted prompts wait the prompt pool's KV-memory queue where the prompt machines'
 # memory is full (`_step5b_memory_waits` without step 5's drafting): off.
 DRAFTS_WAIT_MEMORY = False
-# Width of the switch (in load) by which a full KV memory on the prompt machines makes
-# arrivals wait (`_memory_bound`).
-_MEMORY_QUEUE_TEMPERATURE = 0.02
 # The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
 # x = asinh((mu - C) / sd) over [asinh(-C / sd - 10), 12] (mu up to ~8e4 sd above C).
 _REFLECTED_BISECTIONS = 60
 _REFLECTED_X_MAX = 12.0
-# Most of a run's window the KV-memory wait's onset may take (`_after_onset`).
-_ONSET_MAX = 0.95
 
 
 class Splitwise(DesignStrategy):
@@ -687,56 +683,28 @@ def _step5b_memory_waits(s: _Setup, pools: _Pools, mp: _MixedPrompts, wait_p: Wa
 
 def _memory_bound(s: _Setup, f, pools: _Pools, rho):
     """When the moved decodes' KV memory on the prompt machines is full (issue 39): how
-    much longer a prompt waits, as a factor on the prompt pool's service time, and the
-    share of arrivals memory admits (1 / max(rho_q, 1), smoothly), at which the machines
-    run prompts.
-
-    A prompt machine starts a prompt only when its memory holds the request. Where the
-    moved decodes need rho_m = B_need / B_max > 1 of it, the pool admits only a share a
-    of the moved requests. Fewer admissions also mean fewer prompt iterations for the
-    moved decodes to sit through: their step is t_d + a I (I = step - t_d, the prompt
-    interference at full admission, taken as proportional to the prompt rate), so the
-    memory they need is a (t_d + a I) / (t_d + I) of rho_m's, and a solves
-    I a^2 + t_d a = (t_d + I) / rho_m. Arrivals then outrun admissions by
-    rho_q = 1 / (1 - f + f a), and the queue grows at rho_q - 1 seconds per second,
-    whatever the prompt machines' compute load. The pool's queue load is max(rho, rho_q),
-    switched on smoothly as rho_m passes 1 (docs/cluster.md §4, "Waiting for KV memory").
-    """
+    much longer a prompt waits, as a factor on the prompt pool's service time, the share
+    of arrivals memory admits, at which the machines run prompts, and when the wait
+    starts (`memory_wait.memory_bound`, f the moved share; docs/cluster.md §4,
+    "Waiting for KV memory")."""
     st_p = pools.st_p
     rho_m, on = _memory_switch(s, pools)
-    t_d = jnp.maximum(st_p.decode_s, 1e-9)
-    interf = jnp.maximum(st_p.step_s - st_p.decode_s, 1e-9 * t_d)
-    c = (t_d + interf) / jnp.maximum(rho_m, 1e-9)
-    a = 2.0 * c / (t_d + jnp.sqrt(t_d**2 + 4.0 * interf * c))  # the root, written stably
-    rho_q = 1.0 / jnp.maximum(1.0 - f + f * a, 1e-6)
-    rho = jnp.maximum(rho, 1e-9)
+    scale, admitted = memory_wait.memory_bound(st_p.decode_s, st_p.step_s, rho_m, f, rho)
     # When the wait starts: a run starts empty, the token machines' memory fills first
     # (every decode goes there until then), then the prompt machines' with the moved ones.
     fill_t = s.cap_tok_T / jnp.maximum(pools.ctx_t * s.lam / jnp.maximum(s.n_t, 1e-6), 1e-9)
     fill_p = s.cap_tok_P / jnp.maximum(pools.ctx_p * s.lam * f / jnp.maximum(s.n_p, 1e-6), 1e-9)
-    return (1.0 + on * softplus(rho_q - rho, _MEMORY_QUEUE_TEMPERATURE) / rho,
-            1.0 / (1.0 + on * softplus(rho_q - 1.0, _MEMORY_QUEUE_TEMPERATURE)),
-            on * (fill_t + fill_p))
+    return scale, admitted, on * (fill_t + fill_p)
 
 
 def _memory_switch(s: _Setup, pools: _Pools):
     """(rho_m, on): the KV memory the moved decodes need on a prompt machine over what it
     holds, and the smooth switch that turns the memory wait on as rho_m passes 1."""
     rho_m = pools.st_p.batch_need * pools.ctx_p / jnp.maximum(s.cap_tok_P, 1e-9)
-    return rho_m, jax.nn.sigmoid((rho_m - 1.0) / _MEMORY_QUEUE_TEMPERATURE)
+    return rho_m, memory_wait.switch(rho_m)
 
 
-def _after_onset(wm: WaitModel, onset_s, window_s) -> WaitModel:
-    """The memory wait of arrivals after its onset only: the share of the run's window
-    before it does not wait for memory, the rest waits over what is left of the window
-    (a Poisson run's window is the wait law's horizon; a trace's windows lose the same
-    share of their waits, their horizon about unchanged). Stationary flows (no window):
-    as before."""
-    if window_s is None:
-        return wm
-    window = jnp.maximum(jnp.asarray(window_s, float), 1e-9)
-    before = _ONSET_MAX * smooth_min_one(onset_s / (_ONSET_MAX * window))
-    return wm._replace(p_wait=wm.p_wait * (1.0 - before), horizon_s=wm.horizon_s * (1.0 - before * wm.horizon_s / window))
+_after_onset = memory_wait.after_onset
 
 
 def _step4b_decode_routes(s: _Setup, d: _Drafting, r: _Reservations, n_mixed, f_km, pools: _Pools,
