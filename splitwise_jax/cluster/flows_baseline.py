@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
@@ -66,8 +67,15 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
         scale, admitted = memory_wait.memory_bound(st.decode_s, st.step_s, need, 1.0, rho)
         onset = memory_wait.switch(need) * cap_P * n_p / jnp.maximum(lam, 1e-9)  # memory filled from empty
         st_full = st
-        st = pool_state(P, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters, cls.ctx,
-                        cap_P, mbt, window_s=window_s, batch_prompts=1.0)
+
+        def admitted_state():
+            st_a = pool_state(P, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters,
+                              cls.ctx, cap_P, mbt, window_s=window_s, batch_prompts=1.0)
+            return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), st_a, st_full)
+
+        # Solved again only where memory binds (a change below 1e-7 of the rate otherwise;
+        # under vmap both branches run).
+        st = jax.lax.cond(jnp.any(admitted < 1.0 - 1e-7), admitted_state, lambda: st_full)
         st = st._replace(mean_prompt_s=st_full.mean_prompt_s, scv_prompt=st_full.scv_prompt)
     # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
     wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
