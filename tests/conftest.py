@@ -67,6 +67,21 @@ def fixture_module(name: str):
     return sys.modules[key]
 
 
+def study_module(name: str):
+    """A study script (studies/<name>.py), imported by path once per process (under its
+    own name, so the test files that use it share it)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "studies" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 _CACHE_ENV = "SPLITWISE_TEST_JAX_CACHE"
 # Programs that compile faster than this are not worth a file (eager per-operation ones).
 _MIN_COMPILE_S = "0.1"

@@ -1,29 +1,17 @@
 """Colocated baselines wait for KV memory (`flows_baseline.MEMORY_WAIT`, `memory_wait`; issue 39)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import needs_shared
+from conftest import needs_shared, study_module
 
 from splitwise_jax.cluster import flows_baseline as fb
 from splitwise_jax.cluster.cluster import evaluate
 from splitwise_jax.cluster.designs import make_cluster
 from splitwise_jax.cluster.workload import workload
 
-
-def _study(name):
-    path = Path(__file__).resolve().parents[1] / "studies" / f"{name}.py"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def test_on_by_default():
@@ -40,7 +28,7 @@ def test_memory_bound_baselines_wait_as_the_reference_does():
     Tolerance 35 % on TTFT P50 and 25 % on TBT P50: those measured errors and a margin for
     the onset's estimate (memory filled from empty, departures ignored), far inside what
     the model without the wait gave."""
-    vc = _study("validate_cluster")
+    vc = study_module("validate_cluster")
     runs = vc.load_runs()
     run = jax.jit(lambda c, w: evaluate(c, w, vc.HORIZON_S))
     for design, n in (("baseline-h100", 20), ("baseline-a100", 40)):

@@ -4,15 +4,12 @@ Off by default (`CASCADE_PASS`, `DRAFTS_WAIT_MEMORY`, and the drafting regime th
 with); these tests switch them on for themselves, each under a jit of its own (the
 switches are read when a program is traced)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SHARED, needs_shared
+from conftest import SHARED, needs_shared, study_module
 
 from splitwise_jax.cluster import flows_splitwise as fs
 from splitwise_jax.cluster.cluster import _classes, evaluate
@@ -20,15 +17,6 @@ from splitwise_jax.cluster.designs import make_cluster
 from splitwise_jax.cluster.percentiles import Resolution
 from splitwise_jax.cluster.workload import workload
 
-
-def _study(name):
-    path = Path(__file__).resolve().parents[1] / "studies" / f"{name}.py"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def _switch_on(monkeypatch):
@@ -50,7 +38,7 @@ def test_the_pass_drafts_as_the_reference_does_where_it_cascades(monkeypatch):
     25 % on both shares, as `test_the_drained_token_pool_moves_decodes_as_the_reference_does`
     (the cascade's own constant was read off five runs that gave 6-9); the verdict exactly."""
     _switch_on(monkeypatch)
-    vc, dc = _study("validate_cluster"), _study("drafting_check")
+    vc, dc = study_module("validate_cluster"), study_module("drafting_check")
     runs = vc.load_runs()
     row = runs[(runs["trace"] == "") & (runs["design"] == "splitwise-hh") & (runs["workload"] == "code")
                & (runs["rate"] == 60.0) & (runs["prompt_machines"] == 22) & (runs["token_machines"] == 3)].iloc[0]
@@ -62,16 +50,22 @@ def test_the_pass_drafts_as_the_reference_does_where_it_cascades(monkeypatch):
     assert bool(m.meets_slo) is bool(row["meets_slo"]) is False
 
 
-def test_without_a_mixed_pool_the_pass_changes_nothing(monkeypatch):
-    # Far below the token pool's memory no prompt machine is converted (n_mixed ~ 0), so
-    # drafting at n_p - n_mixed is step 1's. Tolerance: n_mixed is a softplus, not 0.
+def _light_load_steps(monkeypatch):
+    """Splitwise-HH 30 + 20 on coding at 40 req/s, switches on: (setup, step-1 drafts,
+    steps 2-4)."""
     _switch_on(monkeypatch)
     wl = workload("coding", 40.0)
     c, cls = make_cluster("splitwise-hh", 30.0, 20.0), _classes(wl)
     s = fs._setup(c, cls, jnp.asarray(wl.rate_per_s, float), jnp.asarray(wl.arrival_cv2, float), 120.0,
                   Resolution(), 120.0)
     d = fs._step1_drafting(s)
-    _, n_mixed, _, _, _, _ = fs._steps_2_to_4(s, d)
+    return s, d, fs._steps_2_to_4(s, d)
+
+
+def test_without_a_mixed_pool_the_pass_changes_nothing(monkeypatch):
+    # Far below the token pool's memory no prompt machine is converted (n_mixed ~ 0), so
+    # drafting at n_p - n_mixed is step 1's. Tolerance: n_mixed is a softplus, not 0.
+    s, d, (_, n_mixed, _, _, _, _) = _light_load_steps(monkeypatch)
     assert float(n_mixed) < 1e-3
     d2 = fs._cascade_pass(s, d, n_mixed)
     np.testing.assert_allclose(np.asarray(d2.x_k), np.asarray(d.x_k), rtol=1e-6, atol=1e-9)
@@ -80,13 +74,8 @@ def test_without_a_mixed_pool_the_pass_changes_nothing(monkeypatch):
 def test_the_cap_is_lifted_only_where_memory_is_full(monkeypatch):
     # The regime's admitted-wait cap stays where the prompt machines' memory holds the
     # moved decodes and grows by 1 / (1 - on) as it fills; without a cap, None.
-    _switch_on(monkeypatch)
-    wl = workload("coding", 40.0)
-    c, cls = make_cluster("splitwise-hh", 30.0, 20.0), _classes(wl)
-    s = fs._setup(c, cls, jnp.asarray(wl.rate_per_s, float), jnp.asarray(wl.arrival_cv2, float), 120.0,
-                  Resolution(), 120.0)
-    d = fs._step1_drafting(s)
-    pools = fs._steps_2_to_4(s, d)[4]
+    s, _, steps = _light_load_steps(monkeypatch)
+    pools = steps[4]
     assert fs._memory_cap(s, pools, None) is None
     assert float(fs._memory_cap(s, pools, jnp.asarray(0.7))) == pytest.approx(0.7, rel=1e-3)
 

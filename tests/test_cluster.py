@@ -9,16 +9,13 @@ tests share a few jitted functions: one scalar `evaluate`, one vmapped grid over
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SHARED, needs_shared
+from conftest import SHARED, needs_shared, study_module
 
 from splitwise_jax.cluster.batched import evaluate as batched_evaluate
 from splitwise_jax.cluster.cluster import ClusterMetrics, Resolution, evaluate
@@ -31,13 +28,7 @@ _evaluate = jax.jit(evaluate)
 
 def _study(name="validate_cluster"):
     """A study script (studies/<name>.py), imported by path."""
-    path = Path(__file__).resolve().parents[1] / "studies" / f"{name}.py"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return study_module(name)
 
 
 def _all_finite(m: ClusterMetrics) -> bool:
