@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
-
 from splitwise_jax.cluster import memory_wait
 from splitwise_jax.cluster.pool import interfered_share, pool_state
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
@@ -51,36 +50,19 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     mbt = cluster.scheduling.max_batch_tokens
     # issue 39: decodes over a window that starts empty (pool.window_share); queued
     # prompts share iterations (pool._batched_rates)
-    st = pool_state(P, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx, cap_P, mbt,
-                    window_s=window_s, batch_prompts=1.0)
+    def state_at(rate):  # requests (prompts, then their decodes) at this rate
+        return pool_state(P, n_p, rate, cls.wp, cls.p, cls.p_sq, rate, cls.mean_iters, cls.ctx, cap_P, mbt,
+                          window_s=window_s, batch_prompts=1.0)
+
+    st = state_at(lam)
     pressure = st.batch_need / cap_P
-    scale = 1.0
-    onset = 0.0
-    if MEMORY_WAIT:
-        # Decodes that need more KV memory than the machines hold: memory admits a share
-        # of the arrivals (the machines run prompts and decodes at that rate) and the
-        # rest queue, from when memory has filled (`memory_wait`, f = 1).
-        # Past the machines' compute capacity (rho > 1) requests are admitted at its rate,
-        # not the arrival rate, so the decodes need that much less memory.
-        rho = lam * st.mean_prompt_s / n_p
-        need = pressure / (1.0 + softplus(rho - 1.0, memory_wait.TEMPERATURE))
-        scale, admitted = memory_wait.memory_bound(st.decode_s, st.step_s, need, 1.0, rho)
-        onset = memory_wait.switch(need) * cap_P * n_p / jnp.maximum(lam, 1e-9)  # memory filled from empty
-        st_full = st
-
-        def admitted_state():
-            st_a = pool_state(P, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters,
-                              cls.ctx, cap_P, mbt, window_s=window_s, batch_prompts=1.0)
-            return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), st_a, st_full)
-
-        # Solved again only where memory binds (a change below 1e-7 of the rate otherwise;
-        # under vmap both branches run).
-        st = jax.lax.cond(jnp.any(admitted < 1.0 - 1e-7), admitted_state, lambda: st_full)
-        st = st._replace(mean_prompt_s=st_full.mean_prompt_s, scv_prompt=st_full.scv_prompt)
     # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
-    wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
     if MEMORY_WAIT:
-        wm = memory_wait.after_onset(wm, onset, window_s)
+        st, scale, onset = _memory_wait(st, pressure, lam, n_p, cap_P, state_at)
+        wm = memory_wait.after_onset(wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s,
+                                                ROUTED_SHARE_COLOCATED), onset, window_s)
+    else:
+        wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
     zero = jnp.zeros_like(cls.p)
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
     # prompts run only while requests arrive: a decode's steps past the window's end
@@ -91,6 +73,28 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
                          interfered_var=inside_var * cls.iters**2)
     return Flows((PromptRoute(st, wm, jnp.ones_like(cls.p)),), (decode,),
                  st, None, zero, jnp.asarray(0.0), pressure, (st.rho_prompt, pressure))
+
+
+def _memory_wait(st, pressure, lam, n_p, cap_P, state_at):
+    """Decodes that need more KV memory than the machines hold (`memory_wait`, f = 1):
+    memory admits a share of the arrivals, the machines run prompts and decodes at that
+    rate (`state_at(rate)`, the pool's state there, solved only where memory binds: a
+    change below 1e-7 of the rate otherwise; under vmap both branches run), and the rest
+    queue from when memory has filled. Past the machines' compute capacity (rho > 1)
+    requests are admitted at its rate, not the arrival rate, so the decodes need that
+    much less memory. Returns (the pool's state, the factor on its prompt service time
+    that gives its queue the memory's load, the wait's onset in s)."""
+    rho = lam * st.mean_prompt_s / n_p
+    need = pressure / (1.0 + softplus(rho - 1.0, memory_wait.TEMPERATURE))
+    scale, admitted = memory_wait.memory_bound(st.decode_s, st.step_s, need, 1.0, rho)
+    onset = memory_wait.switch(need) * cap_P * n_p / jnp.maximum(lam, 1e-9)  # memory filled from empty
+
+    def admitted_state():
+        return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), state_at(lam * admitted), st)
+
+    st_a = jax.lax.cond(jnp.any(admitted < 1.0 - 1e-7), admitted_state, lambda: st)
+    # the queue's service law stays the full rate's (`scale` carries the memory's load)
+    return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, onset
 
 
 def own_burst_iters(ca2, mean_prompt_s, n_machines):
