@@ -65,9 +65,9 @@ def _light_load_steps(monkeypatch):
 def test_without_a_mixed_pool_the_pass_changes_nothing(monkeypatch):
     # Far below the token pool's memory no prompt machine is converted (n_mixed ~ 0), so
     # drafting at n_p - n_mixed is step 1's. Tolerance: n_mixed is a softplus, not 0.
-    s, d, (_, n_mixed, _, _, _, _) = _light_load_steps(monkeypatch)
+    s, d, (_, n_mixed, _, _, pools, _) = _light_load_steps(monkeypatch)
     assert float(n_mixed) < 1e-3
-    d2 = fs._cascade_pass(s, d, n_mixed)
+    d2 = fs._cascade_pass(s, d, n_mixed, pools)
     np.testing.assert_allclose(np.asarray(d2.x_k), np.asarray(d.x_k), rtol=1e-6, atol=1e-9)
 
 

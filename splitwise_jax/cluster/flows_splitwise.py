@@ -428,7 +428,7 @@ def _steps_2_to_4(s: _Setup, d: _Drafting):
     return (r, n_mixed, f_km, f, pools, _step4_prompt_routes(s, d, n_mixed, f, pools))
 
 
-def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools=None) -> _Drafting:
+def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _Drafting:
     """The cascade's feedback on drafting (`CASCADE_PASS`, off; docs/cluster.md §4).
 
     A prompt machine that took a moved decode has left the prompt pool, so the pool's
@@ -446,9 +446,8 @@ def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools=None) -> _Drafting:
     x_n, xk_n, wm_n, _, _ = _drafting(s, d.st_p0, d.t_alone, s.n_p - n_mixed, s.n_t)
     a = s.lam * d.x_tot * s.horizon_s
     converted = 1.0 + jnp.expm1(-a) / jnp.maximum(a, 1e-9)
-    if pools is not None:  # a full KV memory queues every machine: refusals convert token machines
-        _, on = _memory_switch(s, pools)
-        converted = 1.0 - (1.0 - converted) * (1.0 - on)
+    _, on = _memory_switch(s, pools)  # a full KV memory queues every machine: refusals convert token machines
+    converted = 1.0 - (1.0 - converted) * (1.0 - on)
     to_t = converted * s.n_t / jnp.maximum(s.n_t + n_mixed, 1e-6)
     x_k = d.x_k + to_t * (xk_n - d.x_k)
     wm = jax.tree.map(lambda u, v: u + to_t * (v - u), d.wm_p0, wm_n)
