@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
 from splitwise_jax.cluster import memory_wait
-from splitwise_jax.cluster.pool import interfered_share, pool_state
+from splitwise_jax.cluster.pool import interfered_share, pool_state, pool_state_at
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
@@ -28,6 +28,10 @@ from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute
 # Prompts wait for KV memory where the decodes need more than the machines hold
 # (`memory_wait`; issue 39, twenty-third session).
 MEMORY_WAIT = True
+# The prompt load rises through a run's window as the decoding population builds and
+# each prompt iteration carries more of it (`_rising_load`; issue 39, twenty-fourth
+# session).
+RISING_LOAD = True
 
 
 class Baseline(Colocated):
@@ -54,7 +58,7 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
         return pool_state(P, n_p, rate, cls.wp, cls.p, cls.p_sq, rate, cls.mean_iters, cls.ctx, cap_P, mbt,
                           window_s=window_s, batch_prompts=1.0)
 
-    st = state_at(lam)
+    st = st_full = state_at(lam)
     pressure = st.batch_need / cap_P
     # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
     if MEMORY_WAIT:
@@ -63,6 +67,8 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
                                                 ROUTED_SHARE_COLOCATED), onset, window_s)
     else:
         wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
+    if RISING_LOAD and window_s is not None:
+        wm = _rising_load(wm, st_full, pressure if MEMORY_WAIT else 0.0, cls, lam, n_p, mbt, window_s, P)
     zero = jnp.zeros_like(cls.p)
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
     # prompts run only while requests arrive: a decode's steps past the window's end
@@ -95,6 +101,30 @@ def _memory_wait(st, pressure, lam, n_p, cap_P, state_at):
     st_a = jax.lax.cond(jnp.any(admitted < 1.0 - 1e-7), admitted_state, lambda: st)
     # the queue's service law stays the full rate's (`scale` carries the memory's load)
     return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, onset
+
+
+def _rising_load(wm, st, pressure, cls, lam, n_p, mbt, window_s, timing):
+    """The prompt queue's load rising through the window (`queueing.drift_at`).
+
+    A run starts empty and its decoding population builds as lambda R (1 - exp(-t / R))
+    (R the decode's residence; `pool.window_share`), and each prompt iteration carries
+    the decodes that ride along with it (prompts first), so the prompt work per prompt
+    grows with it: from the pool's load with no decodes (the state at B ~ 0, one more
+    evaluation of the iterations, no solve) at the window's start to more than the
+    window's mean (`st`, the state at the population's mean over the window) at its
+    end. The queue builds only once that load has passed 1 (in our simulator, Llama2-70B
+    conversation baselines at 0.9 of capacity: the prompt queue starts to grow 20-40 s
+    into a 120 s window). Where the decodes need more KV memory than the machines hold,
+    the memory's queue (`memory_wait`) sets the wait instead and the ramp is switched off
+    with it."""
+    st0 = pool_state_at(timing, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx,
+                        jnp.asarray(_EMPTY_BATCH), mbt, window_s, batch_prompts=1.0)
+    rise = jnp.maximum(st.rho_prompt - st0.rho_prompt, 0.0) * (1.0 - memory_wait.switch(pressure))
+    return wm._replace(rise=rise, ramp_s=cls.mean_iters * st.step_s)
+
+
+# The decoding population at the window's start (requests per machine; `_rising_load`).
+_EMPTY_BATCH = 1e-6
 
 
 def own_burst_iters(ca2, mean_prompt_s, n_machines):

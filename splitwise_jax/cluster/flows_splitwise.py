@@ -88,6 +88,10 @@ CASCADE_PASS = False
 # Drafted prompts wait the prompt pool's KV-memory queue where the prompt machines'
 # memory is full (`_step5b_memory_waits` without step 5's drafting): off.
 DRAFTS_WAIT_MEMORY = False
+# The token pool's reservations build up from empty through a run's window, so that
+# requests overflow only once they fill it (`_overflow_over_window`; issue 39,
+# twenty-fourth session).
+WINDOW_RESERVATIONS = False
 # The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
 # x = asinh((mu - C) / sd) over [asinh(-C / sd - 10), 12] (mu up to ~8e4 sd above C).
 _REFLECTED_BISECTIONS = 60
@@ -206,6 +210,24 @@ def _overflow_share(cls: Classes, lam, m_tok, sojourn, var, capacity):
 
     u = fixed_point_01(lambda u_: safe_div(lam * jnp.sum(cls.w * (1.0 - share(u_)) * m_tok * sojourn), demand))
     return share(u), u * demand
+
+
+def _overflow_over_window(cls: Classes, lam, m_tok, sojourn, var_shared, capacity, window_s, n_points):
+    """`_overflow_share` over a run that starts empty (`WINDOW_RESERVATIONS`): at time
+    u of the window a class holding its reservation for s has lambda min(u, s) of them in
+    flight, so the reservations build up as the run goes on and a request overflows only
+    once they have filled the token pool. The share is the mean over arrivals uniform
+    in the window (midpoint quadrature, `n_points`) of the share at each u, the law's
+    holding time min(u, s) there (`var_shared`: the variance every request in flight
+    shares, as at the end of the window)."""
+    u = window_s * (jnp.arange(n_points) + 0.5) / n_points
+
+    def at(u_i):
+        held = smooth_min_pos(sojourn, u_i, p=8.0)
+        var = lam * jnp.sum(cls.w * m_tok**2 * held) + var_shared
+        return _overflow_share(cls, lam, m_tok, held, var, capacity)[0]
+
+    return jnp.mean(jax.vmap(at)(u), axis=0)
 
 
 def _overflow_share_reflected(cls: Classes, lam, m_tok, sojourn, sd, capacity):
@@ -534,7 +556,12 @@ def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
     # lengthens the prompt queue holds every reservation longer at once).
     var = lam * jnp.sum(cls.w * m_tok**2 * sojourn) + (lam * jnp.sum(cls.w * m_tok))**2 * var_wait
     capacity = s.n_t * s.cap_tok_T
-    f_km, _ = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
+    window = s.pool["window_s"]
+    if WINDOW_RESERVATIONS and window is not None:
+        f_km = _overflow_over_window(cls, lam, m_tok, sojourn, (lam * jnp.sum(cls.w * m_tok))**2 * var_wait, capacity,
+                                     window, s.res.window_points)
+    else:
+        f_km, _ = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
     f_km = f_km * (s.n_p / (s.n_p + 1e-3))
     return _Reservations(m_tok, sojourn, demand, var, capacity, f_km, lag)
 

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from splitwise_jax.cluster.quantiles import _logit_of, bracket, implicit_root, rebracket, refine
-from splitwise_jax.cluster.queueing import WaitModel, wait_cdf_busy
+from splitwise_jax.cluster.queueing import WaitModel, drift_at, wait_cdf_busy
 from splitwise_jax.cluster.metrics import LEVELS as PERCENTILES
 # Logistic scale matching a normal of s.d. 1 at the median: cheaper than erf, as smooth.
 _LOGISTIC = 1.702
@@ -170,8 +170,10 @@ def merge_routes(mix: Mixture) -> Mixture:
 
 def busy_table(wm: WaitModel, res: Resolution) -> BusyTable:
     # Far enough to cover queues growing over the window plus 8 standard deviations.
+    # (with a rising load, the drift at the window's end: `queueing.drift_at`)
+    last = wm.drift if wm.rise is None else drift_at(wm, wm.horizon_s)
     x_max = jax.lax.stop_gradient(
-        jnp.maximum(wm.drift, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
+        jnp.maximum(last, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
         + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2 + wm.shift_s + 16.0 * wm.residual_s)
     if wm.cap_s is not None:  # the law ends at the cap (queueing.WaitModel.cap_s)
         x_max = jnp.minimum(x_max, jax.lax.stop_gradient(wm.cap_s + 1e-2 + wm.shift_s + 16.0 * wm.residual_s))

@@ -69,6 +69,10 @@ class WaitModel(NamedTuple):
             exceed (s): the law is taken conditioned on W <= cap_s. A Splitwise prompt
             pool drafts the arrivals that would find more (`balking.balking`); None
             (static) for none.
+        rise: how much the load rises over the window (`drift_at`): the load at the
+            window's start is rho - rise, and it grows as 1 - exp(-u / ramp_s) to a
+            mean of rho over the window; None (static) for a constant load.
+        ramp_s: the time constant of that rise (s); None with `rise`.
     """
 
     p_wait: jnp.ndarray
@@ -79,6 +83,45 @@ class WaitModel(NamedTuple):
     shift_s: jnp.ndarray | float = 0.0
     residual_s: jnp.ndarray | float = 0.0
     cap_s: jnp.ndarray | None = None
+    rise: jnp.ndarray | None = None
+    ramp_s: jnp.ndarray | None = None
+
+
+def drift_at(model: WaitModel, u):
+    """The wait process's drift to use for an arrival at time u of the window (s).
+
+    Constant (`model.drift`) without a ramp. With one (a colocated pool whose decoding
+    population builds from empty through the window, each prompt iteration carrying
+    more decodes: `flows_baseline`), the load at time v is
+
+        rho(v) = rho + rise (h(v) / g - 1),   h(v) = 1 - exp(-v / R),
+
+    g = 1 - (1 - exp(-T / R)) / (T / R) the mean of h over the window [0, T], so that
+    its mean is rho. Where the load is still below 1 at u the arrival sees the queue of
+    that load (drift rho(u) - 1, started empty at 0); past the time v0 where it
+    crossed 1 the queue has grown by the fluid backlog F(u) = int_v0^u (rho(v) - 1) dv,
+    and the law is the reflected diffusion over [0, u] with the drift F(u) / u that
+    gives that backlog. Both are 0 at u = v0 (continuous; a kink in u there)."""
+    if model.rise is None:
+        return model.drift
+    t_end = jnp.maximum(model.horizon_s, 1e-9)
+    r = jnp.maximum(model.ramp_s, 1e-9)
+    g = 1.0 + jnp.expm1(-t_end / r) * r / t_end
+    g = jnp.maximum(g, 1e-9)
+    rise = model.rise
+    h = -jnp.expm1(-u / r)
+    drift = model.drift + rise * (h / g - 1.0)
+    start = model.drift - rise                            # the drift at v = 0
+
+    def integral(v):                                      # int_0^v drift
+        return start * v + rise / g * (v + r * jnp.expm1(-v / r))
+
+    # where the load crossed 1: h(v0) = g (1 - drift / rise), at 0 if it starts above 1
+    h0 = jnp.clip(g * (1.0 - model.drift / jnp.maximum(rise, 1e-12)), 0.0, 1.0 - 1e-6)
+    v0 = jnp.minimum(-r * jnp.log1p(-h0), u)
+    up = drift > 0.0
+    backlog = integral(u) - integral(v0)
+    return jnp.where(up, jnp.maximum(backlog, 0.0) / jnp.maximum(u, 1e-9), drift)
 
 
 # `routed_residual_s`'s share on colocated pools (the baselines), measured against our
@@ -301,12 +344,13 @@ def wait_cdf_busy(w, model: WaitModel, n_points: int):
     conditioned on W <= `cap_s` where the model has one."""
     u = model.horizon_s * (jnp.arange(n_points) + 0.5) / n_points
     x = jnp.maximum(jnp.asarray(w) - model.shift_s, 0.0)
-    vals = jnp.mean(rbm_cdf(x[..., None], model.drift, model.var, u), axis=-1)
+    drift = drift_at(model, u)
+    vals = jnp.mean(rbm_cdf(x[..., None], drift, model.var, u), axis=-1)
     if model.cap_s is None:
         return vals
     # Conditioned on W <= cap (the arrivals that would find more were drafted).
     x_cap = jnp.maximum(model.cap_s - model.shift_s, 1e-9)
-    top = jnp.mean(rbm_cdf(x_cap[..., None], model.drift, model.var, u), axis=-1)
+    top = jnp.mean(rbm_cdf(x_cap[..., None], drift, model.var, u), axis=-1)
     ratio = jnp.minimum(vals / jnp.maximum(top, 1e-12), 1.0)
     # Where the unregulated queue grows past the cap within the window (drift > 0), P(W
     # <= cap) underflows and the ratio is round-off; the queue the drafts hold is then
