@@ -24,10 +24,8 @@ def _switch_on(monkeypatch):
         monkeypatch.setattr(fs, name, True)
 
 
-def test_on_by_default():
-    # on since the twenty-fourth session, with the drafting regime, the first-step wait
-    # and the window's reservations (docs/validation.md)
-    assert fs.CASCADE_PASS is True and fs.DRAFTS_WAIT_MEMORY is True
+def test_off_by_default():
+    assert fs.CASCADE_PASS is False and fs.DRAFTS_WAIT_MEMORY is False
 
 
 @needs_shared

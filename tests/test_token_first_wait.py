@@ -23,9 +23,8 @@ def _parts(n_p, n_t, rate, monkeypatch, horizon=120.0):
     return s, fs._step1_drafting(s)
 
 
-def test_on_by_default_and_off_nothing_waits(monkeypatch):
-    assert fs.TOKEN_FIRST_WAIT is True  # since the twenty-fourth session (docs/validation.md)
-    monkeypatch.setattr(fs, "TOKEN_FIRST_WAIT", False)
+def test_off_by_default_and_nothing_waits():
+    assert fs.TOKEN_FIRST_WAIT is False
     assert fs._token_first_wait(None, None, 1.0, None) == (0.0, 0.0, 0.0)
 
 

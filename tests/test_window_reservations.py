@@ -10,8 +10,8 @@ from splitwise_jax.cluster.cluster import _classes
 from splitwise_jax.cluster.workload import workload
 
 
-def test_on_by_default():
-    assert fs.WINDOW_RESERVATIONS is True
+def test_off_by_default():
+    assert fs.WINDOW_RESERVATIONS is False
 
 
 def _inputs(sojourn_s, rate=60.0):

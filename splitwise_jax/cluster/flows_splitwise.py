@@ -11,11 +11,9 @@ machine, serialized or layer-wise.
 `splitwise_flows` reads as its steps (docs/cluster.md §4 derives each):
 
 1. `_step1_drafting`: the share of each prompt class drafted onto token machines, a
-   fixed point of the prompt pool's drafting regime (`BALKING_DRAFTS`), read again on
-   the prompt machines the mixed pool leaves (`_cascade_pass`, `CASCADE_PASS`);
-2. `_step2_reservations`: the token pool's KV reservations, built up through the run's
-   window (`WINDOW_RESERVATIONS`), and the share of each class that overflows onto
-   prompt machines;
+   fixed point of the prompt pool's wait law;
+2. `_step2_reservations`: the token pool's KV reservations and the share of each class
+   that overflows onto prompt machines;
 2b. `_step2b_mixed_pool`: how many prompt machines hold moved decodes (the mixed pool),
    and the drained token pool's cascade;
 3. `_step3_pools`: both pools' steady states with their final flows;
@@ -57,20 +55,19 @@ from splitwise_jax.phases import kv_transfer, memory
 
 # Temperature of the smooth max(1 - rho, 0) and min(share, 1) in the drafting law.
 _DRAFT_TEMPERATURE = 0.02
-# The drafting law: the regime of a pool that drafts (`balking.balking`, issue 39; on),
-# or the law on the unregulated wait (`_drafted_share`, the default until the
-# twenty-fourth session). The regime agrees far better with our simulator near
-# saturation; alone it drafts fewer prompts than the reference simulator at its SLO
-# boundary (5 false "meets", reference timing); with the token machines' first-step
-# wait, the cascade's pass and the drafts' memory wait (below) none is left
-# (docs/validation.md, nineteenth to twenty-fourth sessions).
-BALKING_DRAFTS = True
+# The drafting law: the regime of a pool that drafts (`balking.balking`, issue 39), or
+# the law on the unregulated wait (`_drafted_share`, the default). The regime agrees far
+# better with our simulator near saturation but drafts fewer prompts than the reference
+# simulator at its SLO boundary, where it gave 5 false "meets" (reference timing); with
+# the token machines' first-step wait (below) 1 is left, so both are off until the
+# cascade's feedback is closed (docs/validation.md, nineteenth and twentieth sessions).
+BALKING_DRAFTS = False
 # Drafts per token machine over the window at which the token pool has drained into the
 # mixed pool with probability 1 - 1/e (`_step2b_mixed_pool`).
 _DRAIN_DRAFTS = 6.0
-# The token machines' first-step wait (`_token_first_wait`): on, with the drafting
-# regime (docs/cluster.md §4 and §7).
-TOKEN_FIRST_WAIT = True
+# The token machines' first-step wait (`_token_first_wait`): off by default, with the
+# drafting regime (docs/cluster.md §4 and §7).
+TOKEN_FIRST_WAIT = False
 # Drafting read again at the memory-bound queue (`_step5_memory_drafting`): off. It
 # brings the drafted share of conversation prompts near saturation to the simulation's
 # and the 0.8-0.95 band's TBT P50 / P90 closer on two sets of configurations, but on the
@@ -82,19 +79,22 @@ MEMORY_DRAFTS = False
 # reference verdict, and TTFT closer on fresh configurations, but E2E P50 further
 # (docs/validation.md, twenty-second session).
 REFLECTED_OVERFLOW = False
-# The cascade's pass (`_cascade_pass`): on. Drafting read again on the prompt machines
+# The cascade's pass (`_cascade_pass`): off. Drafting read again on the prompt machines
 # the mixed pool has not taken, its extra drafts reaching token machines in the share
 # the token machines hold of the mixed pool. With the drafting regime and the first-step
 # wait it leaves no false "meets" on the reference's runs (docs/validation.md,
 # twenty-third session).
-CASCADE_PASS = True
+CASCADE_PASS = False
 # Drafted prompts wait the prompt pool's KV-memory queue where the prompt machines'
-# memory is full (`_step5b_memory_waits` without step 5's drafting): on.
-DRAFTS_WAIT_MEMORY = True
+# memory is full (`_step5b_memory_waits` without step 5's drafting): off.
+DRAFTS_WAIT_MEMORY = False
 # The token pool's reservations build up from empty through a run's window, so that
-# requests overflow only once they fill it (`_overflow_over_window`; on; issue 39,
-# twenty-fourth session).
-WINDOW_RESERVATIONS = True
+# requests overflow only once they fill it (`_overflow_over_window`; issue 39,
+# twenty-fourth session): off. Moved shares come closer to our simulator's; alone it
+# moves E2E P50 further near saturation, and with the drafting regime, the first-step
+# wait and the cascade's pass (the best configuration measured) the programs take
+# 1.2-1.9x as long to compile (docs/validation.md, twenty-fourth session).
+WINDOW_RESERVATIONS = False
 # The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
 # x = asinh((mu - C) / sd) over [asinh(-C / sd - 10), 12] (mu up to ~8e4 sd above C).
 _REFLECTED_BISECTIONS = 60
@@ -368,10 +368,10 @@ def _drafting(s: _Setup, st_p0: PoolState, t_alone, n_pp, n_dd):
     the pool past its threshold and every machine to draft onto queued too (the
     reference then runs them on the least-loaded machine of all), and that chance.
 
-    Self-consistent: the prompts drafted away shorten the queue that drafts them.
-    Without the drafting regime (`_drafted_share`) the share X solves X = E[x_k(wait
-    law at rate lambda (1 - X))]. With it (`balking.balking`, `BALKING_DRAFTS`, on by
-    default since the twenty-fourth session) class k is drafted with probability C P_k, P_k the chance that the work an
+    Self-consistent: the prompts drafted away shorten the queue that drafts them. By
+    default (`_drafted_share`) the share X solves X = E[x_k(wait law at rate
+    lambda (1 - X))]. With the drafting regime (`balking.balking`, `BALKING_DRAFTS`,
+    off) class k is drafted with probability C P_k, P_k the chance that the work an
     arrival finds, given that it waits, passes the class's threshold with a queue behind
     the running prompt, in the law of a queue that drafts those arrivals (large prompts
     first); X solves X = C(admitted load) sum_k w_k P_k (1 - full(X)), the admitted
@@ -454,7 +454,7 @@ def _steps_2_to_4(s: _Setup, d: _Drafting):
 
 
 def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _Drafting:
-    """The cascade's feedback on drafting (`CASCADE_PASS`, on; docs/cluster.md §4).
+    """The cascade's feedback on drafting (`CASCADE_PASS`, off; docs/cluster.md §4).
 
     A prompt machine that took a moved decode has left the prompt pool, so the pool's
     least-loaded machine is chosen among n_p - n_mixed, passes the threshold more often
