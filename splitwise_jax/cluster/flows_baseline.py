@@ -8,7 +8,10 @@ chunked prefill (`chunked.Chunked`); they differ only in their iterations.
 continuous batching (a whole prompt first; the decodes wait for it). Where the decodes
 need more KV memory than the machines hold, prompts also wait for memory and the
 machines run at the rate memory admits (`memory_wait`, `MEMORY_WAIT`; docs/cluster.md
-§4, "Waiting for KV memory").
+§4, "Waiting for KV memory"). A run starts empty, so the decodes riding each prompt
+iteration, and with them the prompt load, build up through its window
+(`_rising_load`, `RISING_LOAD`; docs/cluster.md §3, "A load that rises through the
+window").
 """
 
 from __future__ import annotations

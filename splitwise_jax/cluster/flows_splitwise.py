@@ -557,12 +557,12 @@ def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
     demand = lam * jnp.sum(cls.w * m_tok * sojourn)
     # Shot noise, plus the queue wait every request in flight shares (a burst that
     # lengthens the prompt queue holds every reservation longer at once).
-    var = lam * jnp.sum(cls.w * m_tok**2 * sojourn) + (lam * jnp.sum(cls.w * m_tok))**2 * var_wait
+    shared = (lam * jnp.sum(cls.w * m_tok))**2 * var_wait
+    var = lam * jnp.sum(cls.w * m_tok**2 * sojourn) + shared
     capacity = s.n_t * s.cap_tok_T
     window = s.pool["window_s"]
     if WINDOW_RESERVATIONS and window is not None:
-        f_km = _overflow_over_window(cls, lam, m_tok, sojourn, (lam * jnp.sum(cls.w * m_tok))**2 * var_wait, capacity,
-                                     window, s.res.window_points)
+        f_km = _overflow_over_window(cls, lam, m_tok, sojourn, shared, capacity, window, s.res.window_points)
     else:
         f_km, _ = _overflow_share(cls, lam, m_tok, sojourn, var, capacity)
     f_km = f_km * (s.n_p / (s.n_p + 1e-3))
