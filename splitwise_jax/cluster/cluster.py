@@ -153,7 +153,9 @@ def _classes(wl: Workload) -> Classes:
     mean_iters = jnp.sum(w * iters[None, :])
     # Context of a decoding request, averaged over its decode iterations.
     ctx = jnp.sum(w * iters[None, :] * (p[:, None] + 0.5 * o[None, :])) / jnp.maximum(mean_iters, 1e-9)
-    return Classes(p, p * p, o, w, wp, iters, mean_iters, ctx)
+    # The KV memory it holds: the prompt and the whole output, reserved when it starts.
+    mem_ctx = jnp.sum(w * iters[None, :] * (p[:, None] + o[None, :])) / jnp.maximum(mean_iters, 1e-9)
+    return Classes(p, p * p, o, w, wp, iters, mean_iters, ctx, mem_ctx)
 
 
 class _Latency(NamedTuple):

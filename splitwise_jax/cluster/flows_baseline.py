@@ -6,9 +6,11 @@ chunked prefill (`chunked.Chunked`); they differ only in their iterations.
 
 `Baseline` (Splitwise §V): N machines, each running prompts and decodes with mixed
 continuous batching (a whole prompt first; the decodes wait for it). Where the decodes
-need more KV memory than the machines hold, prompts also wait for memory and the
-machines run at the rate memory admits (`memory_wait`, `MEMORY_WAIT`; docs/cluster.md
-§4, "Waiting for KV memory"). A run starts empty, so the decodes riding each prompt
+need more KV memory than the machines hold (a request holding its prompt and its whole
+output, as the simulators reserve it), prompts also wait for memory: once it has filled,
+the machines admit what the full memory turns over (`_memory_full`, `MEMORY_FULL`;
+docs/cluster.md §4, "A full memory's turnover"; the older law, `memory_wait`, with
+`MEMORY_FULL` off). A run starts empty, so the decodes riding each prompt
 iteration, and with them the prompt load, build up through its window
 (`_rising_load`, `RISING_LOAD`; docs/cluster.md §3, "A load that rises through the
 window").
@@ -21,9 +23,9 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax._smooth import softplus
+from splitwise_jax._smooth import smooth_min_one, softplus
 from splitwise_jax.cluster import memory_wait
-from splitwise_jax.cluster.pool import interfered_share, pool_state, pool_state_at
+from splitwise_jax.cluster.pool import interfered_share, pool_state, pool_state_at, window_share
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
@@ -35,6 +37,10 @@ MEMORY_WAIT = True
 # each prompt iteration carries more of it (`_rising_load`; issue 39, twenty-fourth
 # session).
 RISING_LOAD = True
+# Memory counted as the simulators reserve it (prompt + whole output), and a pool whose
+# memory fills admits at the rate its full memory turns over from then (`_memory_full`;
+# issue 39, twenty-fifth session).
+MEMORY_FULL = True
 
 
 class Baseline(Colocated):
@@ -53,7 +59,8 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     """A baseline's flows: one route for prompts, one for decodes, on the one pool."""
     P = cluster.prompt
     n_p = jnp.asarray(cluster.n_prompt, float)
-    cap_P = _kv_capacity_tokens(P, cluster) / cls.ctx
+    mem_ctx = cls.ctx if (cls.mem_ctx is None or not MEMORY_FULL) else cls.mem_ctx
+    cap_P = _kv_capacity_tokens(P, cluster) / mem_ctx
     mbt = cluster.scheduling.max_batch_tokens
     # issue 39: decodes over a window that starts empty (pool.window_share); queued
     # prompts share iterations (pool._batched_rates)
@@ -64,14 +71,21 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     st = st_full = state_at(lam)
     pressure = st.batch_need / cap_P
     # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
-    if MEMORY_WAIT:
+    mem_on = memory_wait.switch(pressure)
+    if MEMORY_WAIT and MEMORY_FULL:
+        st, scale, onset = _memory_full(st, lam, n_p, cap_P, cls, mbt, window_s, P, state_at)
+        wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
+        if window_s is not None:  # the memory's load comes once it has filled (`queueing.drift_at`)
+            wm = wm._replace(jump=wm.rho * (1.0 - 1.0 / scale), jump_s=onset)
+        mem_on = 0.0
+    elif MEMORY_WAIT:
         st, scale, onset = _memory_wait(st, pressure, lam, n_p, cap_P, state_at)
         wm = memory_wait.after_onset(wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s,
                                                 ROUTED_SHARE_COLOCATED), onset, window_s)
     else:
         wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
     if RISING_LOAD and window_s is not None:
-        wm = _rising_load(wm, st_full, pressure if MEMORY_WAIT else 0.0, cls, lam, n_p, mbt, window_s, P)
+        wm = _rising_load(wm, st_full, mem_on if MEMORY_WAIT else 0.0, cls, lam, n_p, mbt, window_s, P)
     zero = jnp.zeros_like(cls.p)
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
     # prompts run only while requests arrive: a decode's steps past the window's end
@@ -106,7 +120,51 @@ def _memory_wait(st, pressure, lam, n_p, cap_P, state_at):
     return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, onset
 
 
-def _rising_load(wm, st, pressure, cls, lam, n_p, mbt, window_s, timing):
+def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing, state_at):
+    """A pool whose KV memory fills (f = 1): after it fills, requests are admitted at
+    the rate the full memory turns over, and the rest queue.
+
+    With the memory full, B = cap decodes each hold it for R(a) = iters x step(a), and
+    a share a of the arrivals is admitted: a lambda / n x R(a) = cap. A decode's step
+    with prompts first is t_d / (1 - a q), q = 1 - t_d / step the prompt iterations'
+    share of its time at full admission, so a = 1 / (1 + u (rho_m - 1)), u = t_d /
+    step, rho_m = lambda R / (n cap) the memory needed at full admission (stationary:
+    the memory holds the decodes past the window's start). The memory fills from empty
+    in -R log(1 - 1 / rho_m) (the population lambda R (1 - e^{-t/R}) reaching cap); the
+    share of the window after that is the share that runs memory-full, at B = cap. Past
+    the machines' compute capacity (rho > 1) they admit at most 1 / rho of the arrivals
+    (prompts back to back), so the memory is asked for rho_m / rho and the share
+    admitted is a / rho: the queue's load is rho_q = max(rho, 1) (1 + u (rho_m / max(rho,
+    1) - 1)) (smooth), 1 / a below compute capacity.
+    Returns (the pool's state, the factor on the prompt service time giving the queue
+    the memory's load once it has filled, and when it has (s))."""
+    rho = lam * st.mean_prompt_s / n_p
+    rho_cap = 1.0 + softplus(rho - 1.0, memory_wait.TEMPERATURE)     # max(rho, 1)
+    resid = cls.mean_iters * st.step_s
+    g = 1.0 if window_s is None else window_share(resid, window_s)
+    rho_m = st.batch_need / jnp.maximum(g, 1e-9) / cap / rho_cap
+    over = softplus(rho_m - 1.0, memory_wait.TEMPERATURE)
+    u = st.decode_s / jnp.maximum(st.step_s, 1e-9)
+    rho_q = rho_cap * (1.0 + u * over)
+    fill = resid * -jnp.log1p(-1.0 / (1.0 + over + 1e-6))
+    full = 1.0 if window_s is None else jax.nn.sigmoid((memory_wait.ONSET_MAX - fill / window_s) / _FULL_WIDTH)
+    on = memory_wait.switch(rho_m) * full
+    rho_c = jnp.maximum(rho, 1e-9)
+    scale = 1.0 + on * softplus(rho_q - rho_c, memory_wait.TEMPERATURE) / rho_c
+    admitted = 1.0 / (1.0 + on * softplus(rho_q - 1.0, memory_wait.TEMPERATURE))
+
+    def admitted_state():
+        st_a = state_at(lam * admitted)
+        b = st_a.batch + on * (cap - st_a.batch)
+        st_m = pool_state_at(timing, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters,
+                             cls.ctx, b, mbt, window_s, batch_prompts=1.0)
+        return jax.tree.map(lambda a, b_: jnp.asarray(a, jnp.result_type(b_)), st_m, st)
+
+    st_a = jax.lax.cond(jnp.any(admitted < 1.0 - 1e-7), admitted_state, lambda: st)
+    return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, fill
+
+
+def _rising_load(wm, st, mem_on, cls, lam, n_p, mbt, window_s, timing):
     """The prompt queue's load rising through the window (`queueing.drift_at`).
 
     A run starts empty and its decoding population builds as lambda R (1 - exp(-t / R))
@@ -118,13 +176,18 @@ def _rising_load(wm, st, pressure, cls, lam, n_p, mbt, window_s, timing):
     end. The queue builds only once that load has passed 1 (in our simulator, Llama2-70B
     conversation baselines at 0.9 of capacity: the prompt queue starts to grow 20-40 s
     into a 120 s window). Where the decodes need more KV memory than the machines hold,
-    the memory's queue (`memory_wait`) sets the wait instead and the ramp is switched off
-    with it."""
+    the memory's load joins it once the memory has filled (a jump, `_memory_full`);
+    with `MEMORY_FULL` off the old memory queue (`memory_wait`) sets the wait instead and
+    the ramp is switched off with it (`mem_on`, its switch)."""
     st0 = pool_state_at(timing, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx,
                         jnp.asarray(_EMPTY_BATCH), mbt, window_s, batch_prompts=1.0)
-    rise = jnp.maximum(st.rho_prompt - st0.rho_prompt, 0.0) * (1.0 - memory_wait.switch(pressure))
+    rise = jnp.maximum(st.rho_prompt - st0.rho_prompt, 0.0) * (1.0 - mem_on)
     return wm._replace(rise=rise, ramp_s=cls.mean_iters * st.step_s)
 
+
+# Width (in fill time over the window) of the switch that turns the memory-full regime
+# off where the memory would fill only at the window's end (`_memory_full`).
+_FULL_WIDTH = 0.05
 
 # The decoding population at the window's start (requests per machine; `_rising_load`).
 _EMPTY_BATCH = 1e-6

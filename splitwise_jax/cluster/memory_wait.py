@@ -14,8 +14,10 @@ compute load: the pool's queue load is max(rho, rho_q), switched on smoothly as 
 passes 1. A run starts empty, so the wait starts only once memory has filled
 (`after_onset`).
 
-Used by Splitwise's prompt pool (`flows_splitwise`, the moved decodes, f their share)
-and by the colocated baselines (`flows_baseline`, every decode, f = 1).
+Used by Splitwise's prompt pool (`flows_splitwise`, the moved decodes, f their share).
+The colocated baselines (every decode, f = 1) use `flows_baseline._memory_full` (the
+admissions a full memory turns over, from when it fills), and this law only with
+`flows_baseline.MEMORY_FULL` off.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def merge_routes(mix: Mixture) -> Mixture:
 def busy_table(wm: WaitModel, res: Resolution) -> BusyTable:
     # Far enough to cover queues growing over the window plus 8 standard deviations.
     # (with a rising load, the drift at the window's end: `queueing.drift_at`)
-    last = wm.drift if wm.rise is None else drift_at(wm, wm.horizon_s)
+    last = wm.drift if (wm.rise is None and wm.jump is None) else drift_at(wm, wm.horizon_s)
     x_max = jax.lax.stop_gradient(
         jnp.maximum(last, 0.0) * wm.horizon_s + 8.0 * jnp.sqrt(wm.var * wm.horizon_s)
         + 40.0 * wm.var / jnp.maximum(-wm.drift, 1e-3) + 1e-2 + wm.shift_s + 16.0 * wm.residual_s)

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import gammaincc, gammaln
@@ -73,6 +74,11 @@ class WaitModel(NamedTuple):
             window's start is rho - rise, and it grows as 1 - exp(-u / ramp_s) to a
             mean of rho over the window; None (static) for a constant load.
         ramp_s: the time constant of that rise (s); None with `rise`.
+        jump: load added from `jump_s` on (`drift_at`): a pool whose KV memory fills
+            at `jump_s` admits only what the full memory turns over from then
+            (`flows_baseline._memory_full`); `drift` includes it (the load after the
+            jump), the load before is rho - jump. None (static) for none.
+        jump_s: when the jump comes (s, from the window's start); None with `jump`.
     """
 
     p_wait: jnp.ndarray
@@ -85,43 +91,70 @@ class WaitModel(NamedTuple):
     cap_s: jnp.ndarray | None = None
     rise: jnp.ndarray | None = None
     ramp_s: jnp.ndarray | None = None
+    jump: jnp.ndarray | None = None
+    jump_s: jnp.ndarray | None = None
 
 
 def drift_at(model: WaitModel, u):
     """The wait process's drift to use for an arrival at time u of the window (s).
 
-    Constant (`model.drift`) without a ramp. With one (a colocated pool whose decoding
-    population builds from empty through the window, each prompt iteration carrying
-    more decodes: `flows_baseline`), the load at time v is
+    Constant (`model.drift`) without a ramp or a jump. With a ramp (a colocated pool
+    whose decoding population builds from empty through the window, each prompt
+    iteration carrying more decodes: `flows_baseline`), the load at time v is
 
         rho(v) = rho + rise (h(v) / g - 1),   h(v) = 1 - exp(-v / R),
 
     g = 1 - (1 - exp(-T / R)) / (T / R) the mean of h over the window [0, T], so that
-    its mean is rho. Where the load is still below 1 at u the arrival sees the queue of
-    that load (drift rho(u) - 1, started empty at 0); past the time v0 where it
-    crossed 1 the queue has grown by the fluid backlog F(u) = int_v0^u (rho(v) - 1) dv,
-    and the law is the reflected diffusion over [0, u] with the drift F(u) / u that
-    gives that backlog. Both are 0 at u = v0 (continuous; a kink in u there)."""
-    if model.rise is None:
+    its mean is rho. With a jump (the pool's KV memory full from t_j on), rho(v) is that
+    plus `jump` past t_j, and `drift` is the load after the jump (rho here is that less
+    the jump). Where the load is still below 1 at u the arrival sees the queue of that
+    load (drift rho(u) - 1, started empty at 0); the load only rises, so past the time
+    v0 where it crossed 1 the queue has grown by the fluid backlog F(u) = int_v0^u
+    (rho(v) - 1) dv, and the law is the reflected diffusion over [0, u] with the drift
+    F(u) / u that gives that backlog. Both are 0 at u = v0 (continuous; a kink in u
+    there)."""
+    if model.rise is None and model.jump is None:
         return model.drift
     t_end = jnp.maximum(model.horizon_s, 1e-9)
-    r = jnp.maximum(model.ramp_s, 1e-9)
-    g = 1.0 + jnp.expm1(-t_end / r) * r / t_end
-    g = jnp.maximum(g, 1e-9)
-    rise = model.rise
+    jump = 0.0 if model.jump is None else model.jump
+    t_j = 0.0 if model.jump_s is None else jnp.maximum(model.jump_s, 0.0)
+    base = model.drift - jump                             # the mean load less 1, before the jump
+    if model.rise is None:                                # no ramp: a load constant but for the jump
+        rise, r, g = 0.0, jnp.asarray(1e9), jnp.asarray(1.0)
+    else:
+        rise = model.rise
+        r = jnp.maximum(model.ramp_s, 1e-9)
+        g = jnp.maximum(1.0 + jnp.expm1(-t_end / r) * r / t_end, 1e-9)
     h = -jnp.expm1(-u / r)
-    drift = model.drift + rise * (h / g - 1.0)
-    start = model.drift - rise                            # the drift at v = 0
+    start = base - rise                                   # the drift at v = 0
 
-    def integral(v):                                      # int_0^v drift
+    def integral(v):                                      # int_0^v (rho(v') - 1) dv', the jump left out
         return start * v + rise / g * (v + r * jnp.expm1(-v / r))
 
-    # where the load crossed 1: h(v0) = g (1 - drift / rise), at 0 if it starts above 1
-    h0 = jnp.clip(g * (1.0 - model.drift / jnp.maximum(rise, 1e-12)), 0.0, 1.0 - 1e-6)
-    v0 = jnp.minimum(-r * jnp.log1p(-h0), u)
-    up = drift > 0.0
-    backlog = integral(u) - integral(v0)
-    return jnp.where(up, jnp.maximum(backlog, 0.0) / jnp.maximum(u, 1e-9), drift)
+    def crossing(level):  # where the ramp's rho(v) - 1 + level passes 0 (0 if it starts above, 1e9 if never)
+        h0 = g * (1.0 - (base + level) / jnp.maximum(rise, 1e-12))
+        v = -r * jnp.log1p(-jnp.clip(h0, 0.0, 1.0 - 1e-6))
+        return jnp.where(h0 < 1.0 - 1e-6, v, 1e9)
+
+    # the queue starts where the load passes 1: before the jump on the ramp alone, or
+    # after it (at the jump, or where the ramp and the jump together pass 1)
+    v_start = jnp.minimum(crossing(0.0), jnp.maximum(t_j, crossing(jump)))
+    v_in = jnp.minimum(v_start, u)
+    backlog = integral(u) - integral(v_in) + jump * jnp.maximum(u - jnp.maximum(t_j, v_in), 0.0)
+    if model.jump is None:
+        drift = base + rise * (h / g - 1.0)
+        return jnp.where(drift > 0.0, jnp.maximum(backlog, 0.0) / jnp.maximum(u, 1e-9), drift)
+    # A jump can start the queue from a load below 1 (the drift steps from < 0 to ~0):
+    # the two laws blend over a short time, so that the law is continuous in t_j.
+    width = _JUMP_WIDTH * t_end
+    drift = base + rise * (h / g - 1.0) + jump * jax.nn.sigmoid((u - t_j) / width)
+    up = jax.nn.sigmoid((u - v_start) / width)
+    return drift + up * (jnp.maximum(backlog, 0.0) / jnp.maximum(u, 1e-9) - drift)
+
+
+# Time (a share of the window) over which the wait law passes from before a load's jump
+# to after it (`drift_at`).
+_JUMP_WIDTH = 0.02
 
 
 # `routed_residual_s`'s share on colocated pools (the baselines), measured against our

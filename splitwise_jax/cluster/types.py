@@ -76,6 +76,10 @@ class Classes(NamedTuple):
     iters: jax.Array      # (M,) decode iterations o - 1
     mean_iters: jax.Array
     ctx: jax.Array        # mean KV context of a decoding request (tokens)
+    # KV tokens a decoding request holds under the simulators' reservation (prompt and
+    # its whole output, reserved when it starts), averaged over its decode iterations;
+    # None: `ctx` (memory grown token by token).
+    mem_ctx: jax.Array | None = None
 
 
 class PromptRoute(NamedTuple):
