@@ -73,7 +73,7 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
     mem_on = memory_wait.switch(pressure)
     if MEMORY_WAIT and MEMORY_FULL:
-        st, scale, onset = _memory_full(st, lam, n_p, cap_P, cls, mbt, window_s, P, state_at)
+        st, scale, onset = _memory_full(st, lam, n_p, cap_P, cls, mbt, window_s, P)
         wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
         if window_s is not None:  # the memory's load comes once it has filled (`queueing.drift_at`)
             wm = wm._replace(jump=wm.rho * (1.0 - 1.0 / scale), jump_s=onset)
@@ -120,7 +120,7 @@ def _memory_wait(st, pressure, lam, n_p, cap_P, state_at):
     return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, onset
 
 
-def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing, state_at):
+def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing):
     """A pool whose KV memory fills (f = 1): after it fills, requests are admitted at
     the rate the full memory turns over, and the rest queue.
 
@@ -131,7 +131,8 @@ def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing, state_at):
     step, rho_m = lambda R / (n cap) the memory needed at full admission (stationary:
     the memory holds the decodes past the window's start). The memory fills from empty
     in -R log(1 - 1 / rho_m) (the population lambda R (1 - e^{-t/R}) reaching cap); the
-    share of the window after that is the share that runs memory-full, at B = cap. Past
+    share of the window after that is the share that runs memory-full, at B = cap (the
+    pool's state there at the admitted rate, `pool_state_at`: no solve). Past
     the machines' compute capacity (rho > 1) they admit at most 1 / rho of the arrivals
     (prompts back to back), so the memory is asked for rho_m / rho and the share
     admitted is a / rho: the queue's load is rho_q = max(rho, 1) (1 + u (rho_m / max(rho,
@@ -154,8 +155,7 @@ def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing, state_at):
     admitted = 1.0 / (1.0 + on * softplus(rho_q - 1.0, memory_wait.TEMPERATURE))
 
     def admitted_state():
-        st_a = state_at(lam * admitted)
-        b = st_a.batch + on * (cap - st_a.batch)
+        b = st.batch + on * (cap - st.batch)   # the window's population, full memory after T_f
         st_m = pool_state_at(timing, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters,
                              cls.ctx, b, mbt, window_s, batch_prompts=1.0)
         return jax.tree.map(lambda a, b_: jnp.asarray(a, jnp.result_type(b_)), st_m, st)
