@@ -54,6 +54,13 @@ class Baseline(Colocated):
         del res  # no drafting: nothing here needs the wait-CDF resolution
         return baseline_flows(cluster, cls, rate, ca2, horizon_s, window_s)
 
+    def window_load(self, cluster, cls, rate, flows):
+        """The queue's load, not the machines': where the memory is full they run only what
+        it admits (`_memory_full`), and the arrivals' backlog grows at the memory's load
+        (the prompt route's wait law's rho; the machines' compute load elsewhere)."""
+        rho = flows.prompt_routes[0].wait.rho if MEMORY_FULL else flows.st_p.rho_prompt
+        return rho, jnp.ones_like(rho)
+
 
 def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) -> Flows:
     """A baseline's flows: one route for prompts, one for decodes, on the one pool."""
@@ -76,7 +83,8 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
         st, scale, onset = _memory_full(st, lam, n_p, cap_P, cls, mbt, window_s, P)
         wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
         if window_s is not None:  # the memory's load comes once it has filled (`queueing.drift_at`)
-            wm = wm._replace(jump=wm.rho * (1.0 - 1.0 / scale), jump_s=onset)
+            # (a trace's windows, each `horizon_s` of the run's `window_s`: the same share of each)
+            wm = wm._replace(jump=wm.rho * (1.0 - 1.0 / scale), jump_s=onset * horizon_s / window_s)
         mem_on = 0.0
     elif MEMORY_WAIT:
         st, scale, onset = _memory_wait(st, pressure, lam, n_p, cap_P, state_at)
@@ -84,7 +92,9 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
                                                 ROUTED_SHARE_COLOCATED), onset, window_s)
     else:
         wm = wait_model(lam, st.mean_prompt_s, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
-    if RISING_LOAD and window_s is not None:
+    # a trace's windows (`Burstiness`) each start where the run's population stands:
+    # the rise is the run's, not each window's, and is left out there
+    if RISING_LOAD and window_s is not None and not isinstance(ca2, Burstiness):
         wm = _rising_load(wm, st_full, mem_on if MEMORY_WAIT else 0.0, cls, lam, n_p, mbt, window_s, P)
     zero = jnp.zeros_like(cls.p)
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
