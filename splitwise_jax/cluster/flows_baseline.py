@@ -23,7 +23,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from splitwise_jax._smooth import smooth_min_one, softplus
+from splitwise_jax._smooth import softplus
 from splitwise_jax.cluster import memory_wait
 from splitwise_jax.cluster.pool import interfered_share, pool_state, pool_state_at, window_share
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
