@@ -123,7 +123,7 @@ def components(cluster, cls: Classes, flows: Flows, res: Resolution) -> Mixtures
                + cm * x_mean + dr.burst_iters * st.interf_mean_s)
         dec_var = (cm * x_var + cv * x_mean**2 + dr.burst_iters * st.interf_var_s2
                    + dr.burst_iters_var * st.interf_mean_s**2
-                   + dr.interfered_var * (st.events_per_step * st.interf_mean_s)**2)
+                   + dr.interfered_var * (st.events_per_step * st.interf_mean_s)**2 + dr.join_var_s2)
         decodes.append((dec, dec_var, dr.weight * cls.w[None] * cw))
     prompts, ttft_parts = [], []
     for pr in flows.prompt_routes:

@@ -95,6 +95,12 @@ DRAFTS_WAIT_MEMORY = False
 # wait and the cascade's pass (the best configuration measured) the programs take
 # 1.2-1.9x as long to compile (docs/validation.md, twenty-fourth session).
 WINDOW_RESERVATIONS = False
+# The token pool's batch holds at most `Scheduling.max_batch_size` decodes (512 in both
+# simulators); past it a decode waits for a slot (`_slot_wait`; issue 39, twenty-sixth
+# session). Off: the batch grows to what KV memory holds.
+BATCH_SLOTS = True
+# Width of the smooth max(rho - 1, 0) of the slot queue's load.
+_SLOT_TEMPERATURE = 0.02
 # The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
 # x = asinh((mu - C) / sd) over [asinh(-C / sd - 10), 12] (mu up to ~8e4 sd above C).
 _REFLECTED_BISECTIONS = 60
@@ -318,6 +324,7 @@ class _Pools(NamedTuple):
     kv: object              # (K,) visible KV transfer
     ctx_t: object           # mean decode context on token machines (tokens)
     ctx_p: object           # ... on prompt machines
+    it_t: object = 1.0      # mean decode iterations of the token machines' decodes
 
 
 class _MixedPrompts(NamedTuple):
@@ -542,8 +549,8 @@ def _step2_reservations(s: _Setup, d: _Drafting) -> _Reservations:
     token. Sojourn from the prompt pool's wait and the token pool's step time."""
     cls, lam = s.cls, s.lam
     cap_T = s.cap_tok_T / cls.ctx
-    st_t0 = pool_state(s.cluster.token, s.n_t, lam * d.x_tot, d.w_t, decode_rate=lam, batch_cap=1e3 * cap_T,
-                       **s.pool)
+    st_t0 = pool_state(s.cluster.token, s.n_t, lam * d.x_tot, d.w_t, decode_rate=lam,
+                       batch_cap=_slots_cap(s, 1e3 * cap_T), **s.pool)
     mean_busy, mean_busy_sq = busy_wait_moments(d.wm_p0, s.res)
     mean_wait = d.wm_p0.p_wait * mean_busy
     var_wait = jnp.maximum(d.wm_p0.p_wait * mean_busy_sq - mean_wait**2, 0.0)
@@ -620,12 +627,12 @@ def _step3_pools(s: _Setup, d: _Drafting, f_km, f) -> _Pools:
     pool_p = dict(s.pool, mean_decode_iters=it_p, ctx_tokens=ctx_p)
     st_t, st_p = pool_states(
         dict(timing=s.cluster.token, n_machines=s.n_t, prompt_rate=lam * d.x_tot, prompt_w=d.w_t,
-             decode_rate=lam * (1.0 - f), batch_cap=s.cap_tok_T / ctx_t, **pool_t),
+             decode_rate=lam * (1.0 - f), batch_cap=_slots_cap(s, s.cap_tok_T / ctx_t), **pool_t),
         dict(timing=s.cluster.prompt, n_machines=s.n_p, prompt_rate=lam * (1.0 - d.x_tot), prompt_w=d.w_p,
              decode_rate=lam * f, batch_cap=s.cap_tok_P / ctx_p, **pool_p))
     wm_t = wait_model(lam * d.x_tot, st_t.mean_prompt_s, st_t.scv_prompt, s.n_t, s.ca2, s.horizon_s)
     kv = _transfer_s(s.cluster, cls.p, st_p.prompt_s)
-    return _Pools(st_t, st_p, wm_t, kv, ctx_t, ctx_p)
+    return _Pools(st_t, st_p, wm_t, kv, ctx_t, ctx_p, it_t)
 
 
 def _step4_prompt_routes(s: _Setup, d: _Drafting, n_mixed, f, pools: _Pools) -> _MixedPrompts:
@@ -736,6 +743,44 @@ def _memory_switch(s: _Setup, pools: _Pools):
 _after_onset = memory_wait.after_onset
 
 
+def pools_f(f_km, cls: Classes):
+    """The share of decodes moved onto prompt machines (the mean of f_km over classes)."""
+    return jnp.sum(cls.w * f_km)
+
+
+def _slots_cap(s: _Setup, cap):
+    """A pool's batch cap `cap` (decodes, from KV memory) held under the batch-size cap
+    (`BATCH_SLOTS`)."""
+    if not BATCH_SLOTS:
+        return cap
+    return smooth_min_pos(cap, s.cluster.scheduling.max_batch_size, p=32.0)
+
+
+def _slot_wait(s: _Setup, st: PoolState, lam_d, iters):
+    """A decode's wait for a batch slot on a token machine past its batch-size cap S
+    (`BATCH_SLOTS`; docs/cluster.md §4, *Batch slots*): (mean s, variance s^2).
+
+    With every slot taken a machine completes S / R decodes a second (R = iterations x
+    the step at S), so the slots' load is rho = lambda_d R / S (lambda_d the machine's
+    decode arrivals). A run starts empty: the decoding population rises as
+    lambda_d R (1 - e^{-t/R}) and fills the slots at t0 = -R ln(1 - 1 / rho); from then
+    the backlog grows and a decode that arrives at t waits (rho - 1)(t - t0), first come
+    first served, until the window T ends. Over arrivals uniform in the window, with
+    L = (T - t0)+: E[W] = (rho - 1) L^2 / 2T, E[W^2] = (rho - 1)^2 L^3 / 3T. Both smooth
+    (max(rho - 1, 0) and (T - t0)+ as softplus), zero below the cap."""
+    if not BATCH_SLOTS:
+        return 0.0, 0.0
+    window = s.pool["window_s"]
+    T = s.horizon_s if window is None else window
+    R = jnp.maximum(iters * st.step_s, 1e-9)
+    e = jnp.maximum(softplus(lam_d * R / s.cluster.scheduling.max_batch_size - 1.0, _SLOT_TEMPERATURE), 1e-9)
+    t0 = R * jnp.log1p(1.0 / e)                       # -R ln(1 - 1 / rho), rho = 1 + e
+    L = softplus(T - t0, _SLOT_TEMPERATURE * T)
+    m1 = e * L**2 / (2.0 * T)
+    m2 = e**2 * L**3 / (3.0 * T)
+    return m1, jnp.maximum(m2 - m1**2, 0.0)
+
+
 def _step4b_decode_routes(s: _Setup, d: _Drafting, r: _Reservations, n_mixed, f_km, pools: _Pools,
                           mp: _MixedPrompts):
     """4b. The decode routes: on token machines, and moved onto mixed machines.
@@ -782,7 +827,8 @@ def _step4b_decode_routes(s: _Setup, d: _Drafting, r: _Reservations, n_mixed, f_
     st_m = st_p._replace(events_per_step=ev_m, step_s=st_p.decode_s + ev_m * ex_m,
                          interf_mean_s=ex_m, interf_var_s2=var_m)
     busy_t, w1_t, w2_t = _token_first_wait(s, d, 1.0 - to_mixed, r.lag)
-    return (DecodeRoute(st_t, 1.0 - f_km, pools.kv, 0.5 * st_t.decode_s,
-                        first_busy=busy_t, first_wait_s=w1_t, first_wait_s2=w2_t),
+    slot_s, slot_var = _slot_wait(s, st_t, lam * (1.0 - pools_f(f_km, cls)) / jnp.maximum(n_t, 1e-6), pools.it_t)
+    return (DecodeRoute(st_t, 1.0 - f_km, pools.kv, 0.5 * st_t.decode_s + slot_s,
+                        first_busy=busy_t, first_wait_s=w1_t, first_wait_s2=w2_t, join_var_s2=slot_var),
             DecodeRoute(st_m, f_km, pools.kv, 0.5 * st_m.decode_s,
                         first_busy=busy_m, first_wait_s=e2_m / (2.0 * e_m), first_wait_s2=e3_m / (3.0 * e_m)))

@@ -54,6 +54,9 @@ class Scheduling:
             when the least-loaded prompt machine has a queue and its pending tokens plus
             this prompt would exceed this (8,192).
         memory_reserve_frac: HBM fraction not available to the KV cache.
+        max_batch_size: decoding requests one iteration may carry; past it decodes wait
+            for a slot (512, SplitwiseSim's and our simulator's; modelled on Splitwise's
+            token pool, `flows_splitwise.BATCH_SLOTS`).
         service_jitter_rel: relative spread given to each class's deterministic
             latency (the width of a workload bin and the profiles' ~1-2% repeat noise);
             it also turns CDF steps into slopes so percentiles have gradients.
@@ -62,6 +65,7 @@ class Scheduling:
     max_batch_tokens: jax.Array | float = 2048.0
     draft_pending_tokens: jax.Array | float = 8192.0
     memory_reserve_frac: jax.Array | float = 0.0
+    max_batch_size: jax.Array | float = 512.0
     service_jitter_rel: jax.Array | float = 0.03
 
 
@@ -118,6 +122,9 @@ class DecodeRoute(NamedTuple):
     first_busy: jax.Array | float = 0.0
     first_wait_s: jax.Array | float = 0.0
     first_wait_s2: jax.Array | float = 0.0
+    # The wait for a batch slot before the first step (a pool past its batch-size cap):
+    # variance over where in the window the decode arrives (s^2); its mean is in join_s.
+    join_var_s2: jax.Array | float = 0.0
 
 
 class Flows(NamedTuple):
