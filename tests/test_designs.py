@@ -147,6 +147,7 @@ mode = "layerwise"
 bandwidth_gb_per_s = 50
 [scheduler]
 max_batch_tokens = 4096
+max_batch_size = 256
 """
 
 
@@ -159,6 +160,11 @@ def test_design_file_round_trip(tmp_path):
     assert (tok.machine, tok.machines, tok.count, tok.cap_frac, tok.tp) == ("dgx-b200", ("dgx-b200", "dgx-h200"),
                                                                             4.0, 0.8, 4)
     assert d.kv_bandwidth_bytes_per_s == 50e9 and float(d.scheduling.max_batch_tokens) == 4096.0
+    # the batch-size cap reaches the model's scheduling and the simulator's config alike
+    from splitwise_jax.simulate.policies import simulated
+    assert float(d.scheduling.max_batch_size) == 256.0
+    one = dataclasses.replace(d, pools=(d.pool("prompt"), dataclasses.replace(tok, search_machines=())))
+    assert simulated(build_cluster(one))[1].max_batch_size == 256
     # The same design as JSON.
     j = tmp_path / "d.json"
     j.write_text(json.dumps({"pool": [{"role": "colocated", "machine": "dgx-h100", "count": 40}],
@@ -183,6 +189,8 @@ def test_design_file_round_trip(tmp_path):
     ({"pool": [{"role": "colocated", "machine": "dgx-h100"}], "scheduler": {"chunk": 5}}, "unknown fields"),
     ({"pool": [{"role": "colocated", "machine": "dgx-h100"}], "scheduler": {"chunked_prefill_tokens": 0}},
      "chunked_prefill_tokens must be a finite number > 0"),
+    ({"pool": [{"role": "colocated", "machine": "dgx-h100"}], "scheduler": {"max_batch_size": 0}},
+     "scheduler.max_batch_size must be a finite number > 0"),
 ])
 def test_bad_design_files_name_the_field(data, match):
     with pytest.raises(ValueError, match=match):

@@ -55,8 +55,10 @@ class Scheduling:
             this prompt would exceed this (8,192).
         memory_reserve_frac: HBM fraction not available to the KV cache.
         max_batch_size: decoding requests one iteration may carry; past it decodes wait
-            for a slot (512, SplitwiseSim's and our simulator's; modelled on Splitwise's
-            token pool, `flows_splitwise.BATCH_SLOTS`).
+            for a slot (512, SplitwiseSim's; the simulator runs with it,
+            `simulate.policies.simulated`). The model holds Splitwise's token pool under
+            it (`flows_splitwise.BATCH_SLOTS`); the colocated and mixed pools' batches
+            are not capped (docs/cluster.md §4, *Batch slots*).
         service_jitter_rel: relative spread given to each class's deterministic
             latency (the width of a workload bin and the profiles' ~1-2% repeat noise);
             it also turns CDF steps into slopes so percentiles have gradients.

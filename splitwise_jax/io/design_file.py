@@ -24,6 +24,7 @@ A design file names its pools, and optionally its KV link and scheduler
 
     [scheduler]
     max_batch_tokens = 2048
+    max_batch_size = 512         # decodes one iteration may carry (vLLM's max_num_seqs)
     draft_pending_tokens = 8192
     memory_reserve_frac = 0.0
     chunked_prefill_tokens = 512 # colocated pool only: chunked prefill with this budget
@@ -48,7 +49,8 @@ from splitwise_jax.cluster.designs import ROLES, TRANSFER_MODES, Design, Pool
 _TOP = {"name", "pool", "transfer", "scheduler"}
 _POOL = {"role", "machine", "count", "cap", "tp"}
 _TRANSFER = {"mode", "bandwidth_gb_per_s"}
-_SCHEDULER = {"max_batch_tokens", "draft_pending_tokens", "memory_reserve_frac", "chunked_prefill_tokens"}
+_SCHEDULER = {"max_batch_tokens", "max_batch_size", "draft_pending_tokens", "memory_reserve_frac",
+              "chunked_prefill_tokens"}
 
 
 def _number(where: str, v, *, positive: bool = True, hi: float | None = None) -> float:
@@ -121,6 +123,7 @@ def design_from_dict(data: dict, where: str = "design") -> Design:
     base = Scheduling()
     sched = Scheduling(
         max_batch_tokens=_number(f"{where}: scheduler.max_batch_tokens", sc.get("max_batch_tokens", base.max_batch_tokens)),
+        max_batch_size=_number(f"{where}: scheduler.max_batch_size", sc.get("max_batch_size", base.max_batch_size)),
         draft_pending_tokens=_number(f"{where}: scheduler.draft_pending_tokens",
                                      sc.get("draft_pending_tokens", base.draft_pending_tokens)),
         memory_reserve_frac=_number(f"{where}: scheduler.memory_reserve_frac",

@@ -90,8 +90,9 @@ class SimConfig:
 def simulated(cluster) -> tuple:
     """What the simulator runs for a cluster: (the cluster, its `SimConfig`).
 
-    The design's scheduler limits become the config's (`max_batch_tokens`, and the
-    mixed pool's `draft_pending_tokens` as `prompt_queue_tokens`). The design says
+    The design's scheduler limits become the config's (`max_batch_tokens`,
+    `max_batch_size`, and the mixed pool's `draft_pending_tokens` as
+    `prompt_queue_tokens`). The design says
     what else (`cluster.strategy.simulated`): chunked prefill, a policy of the simulated
     machines rather than of the cluster's timing, runs as its colocated pool with the
     simulator's chunked prefill at the design's token budget. ValueError where a limit
@@ -99,10 +100,12 @@ def simulated(cluster) -> tuple:
     """
     sched = cluster.scheduling
     knobs = {}
-    for field, knob in (("max_batch_tokens", "max_batch_tokens"), ("draft_pending_tokens", "prompt_queue_tokens")):
+    for field, knob in (("max_batch_tokens", "max_batch_tokens"), ("max_batch_size", "max_batch_size"),
+                        ("draft_pending_tokens", "prompt_queue_tokens")):
         v = float(getattr(sched, field))
         if abs(v - round(v)) > 1e-9:
-            raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole tokens")
+            what = "requests" if field == "max_batch_size" else "tokens"
+            raise ValueError(f"the design's scheduler.{field} is {v:g}: the simulator counts whole {what}")
         knobs[knob] = int(round(v))
     cluster, options = cluster.strategy.simulated(cluster)
     return cluster, SimConfig(**options, **knobs)
