@@ -16,7 +16,7 @@ Covered (our number recomputed with the model as it is, against the table's figu
   derives from them; cost and provisioned power of each cluster against the budgets
   (iso-power, iso-cost) and the table's accounting ratios; the iso-throughput answers
   meet the target and their cheaper (less power) neighbours one machine smaller do not;
-  and the prose's HHcap 35P + 7T at 97.4 req/s.
+  and the prose's HHcap 35P + 7T at 97.3 req/s.
 
 Not covered, and why (each needs minutes of searching or sweeping, the studies' job):
 rows 5-6 (Fig. 15: a load sweep with and without the transfer, and the token pool's
@@ -213,7 +213,7 @@ ISO_COST_AA = ("splitwise-aa", *_pools(CLAIMS[13]["ours"])[0])
 POWER_HHCAP = ("splitwise-hhcap", *_pools(CLAIMS[14]["ours"])[0])
 COST_AA = ("splitwise-aa", *_pools(CLAIMS[15]["ours"])[0])
 BASE_A100, BASE_H100 = ("baseline-a100", 70, 0), ("baseline-h100", paper.ISO_REFERENCE_MACHINES, 0)
-# The prose under the table: "our largest iso-power gain, HHcap 1.97x Baseline-H100 (97.4 vs 49.5 req/s; 35P + 7T)".
+# The prose under the table: "our largest iso-power gain, HHcap 1.99x Baseline-H100 (97.3 vs 48.8 req/s; 35P + 7T)".
 HHCAP_PROSE = re.search(r"HHcap ([\d.]+)x Baseline-H100 \(([\d.]+) vs ([\d.]+) req/s; (\d+)P \+ (\d+)T\)",
                         re.sub(r"\s+", " ", README.read_text()))
 
@@ -313,16 +313,21 @@ def test_iso_power_and_iso_cost_rows11_to_13(claims_eval):
 
 
 def test_iso_throughput_rows14_15(claims_eval):
-    """Rows 14-15: at Baseline-H100's iso-power throughput (row 12's 49.5 req/s) the
-    power-optimised HHcap and the cost-optimised AA cluster meet every SLO and their
-    neighbours one machine smaller (less power, lower cost) do not; their power and cost
+    """Rows 14-15: at Baseline-H100's iso-power throughput (row 12's 48.8 req/s) the
+    power-optimised HHcap and the cost-optimised AA cluster are feasible (every SLO met,
+    the KV cache within memory) and their neighbours one machine smaller (less power,
+    lower cost) are not (measured 2026-12-07: HHcap 19P + 3T meets the SLOs by +0.002 but
+    needs 1.26x the KV memory, 18P + 4T misses them by -0.39); their power and cost
     ratios to Baseline-H100 (40 machines) to one unit of the table's last digit."""
+    def feasible(m):  # the optimiser's constraint set, as row 1's
+        return m["meets_slo"] and m["memory_pressure"] <= 1.0
+
     target = _rates(12)[1]
     h100 = _get(claims_eval, *BASE_H100, target * (1 - RATE_BRACKET))  # its accounting (rate-free)
     for d, p, t in (POWER_HHCAP, COST_AA):
-        assert _get(claims_eval, d, p, t, target)["meets_slo"], (d, p, t)
-        assert not _get(claims_eval, d, p - 1, t, target)["meets_slo"], (d, p - 1, t)
-        assert not _get(claims_eval, d, p, t - 1, target)["meets_slo"], (d, p, t - 1)
+        assert feasible(_get(claims_eval, d, p, t, target)), (d, p, t)
+        assert not feasible(_get(claims_eval, d, p - 1, t, target)), (d, p - 1, t)
+        assert not feasible(_get(claims_eval, d, p, t - 1, target)), (d, p, t - 1)
     # To one unit of the table's last digit: it prints 229.5 kW as 229 and 0.5625 as 0.562.
     ratio14, kw_ours, kw_base = _numbers(CLAIMS[14]["ours"])[:3]  # "0.562 (229 vs 408 kW; ..."
     hhcap = _get(claims_eval, *POWER_HHCAP, target)
@@ -335,7 +340,7 @@ def test_iso_throughput_rows14_15(claims_eval):
 
 
 def test_hhcap_largest_iso_power_gain_prose(claims_eval):
-    """Under the table: HHcap 35P + 7T at 97.4 req/s, 1.97x Baseline-H100's 49.5, within
+    """Under the table: HHcap 35P + 7T at 97.3 req/s, 1.99x Baseline-H100's 48.8, within
     the iso-power budget (+-1% on the throughput, RATE_BRACKET)."""
     from splitwise_jax.optimize import reference_budget
 
