@@ -26,7 +26,7 @@ def test_exposure_as_measured(batch, share):
     """From 2.7 decoders per machine up, within 3 % of the measured share (the law's
     largest residual there is 2.2 %, at 24.6; JSQ's discount alone was 0.93-0.98 where
     the simulation shows none). Below, the law is `jsq_share`'s (the decoders a prompt
-    finds, checked on the reference's runs: docs/cluster.md §3b)."""
+    finds, checked on the reference's runs: docs/cluster.md §4b)."""
     got = float(pool.exposure_share(jnp.asarray(batch)))
     assert got == pytest.approx(share, rel=0.03)
     if batch > 5:  # closer than JSQ's discount

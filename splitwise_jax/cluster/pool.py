@@ -5,7 +5,7 @@ iteration) and decoding requests (one token per iteration while they hold KV mem
 Per machine, in steady state:
 
     busy   = min(lambda_p E[T_prompt], 1)              fraction of time in prompt iterations
-    nu     = phi(B) busy / E[T_prompt]                 prompt iterations a decoder sits through, per s
+    nu     = phi_e(B) busy / E[T_prompt]               prompt iterations a decoder sits through, per s
     step   = t_d(B) + e,  e = t_d nu E[X] / (1 - nu E[X])   time per decode iteration
     B      = lambda_d E[o - 1] step                    Little's law, capped by memory
 
@@ -16,7 +16,7 @@ Per machine, in steady state:
   floor(B + U) of them for U uniform on (-1/2, 1/2), i.e. max(B - 1/2, 0) on average
   (smoothed with `_JSQ_TEMPERATURE`), instead of B under random routing. `phi(B)` is
   that ratio: 0 at light load (prompts always find a machine without decoders), -> 1 at
-  large B. Checked against the reference runs' per-request data (docs/cluster.md §3b):
+  large B. Checked against the reference runs' per-request data (docs/cluster.md §4b):
   chosen-machine decoders 0.15 / 0.79 / 1.1 / 2.4 / 4.0 / 25.0 observed where
   B = 0.68 / 1.32 / 1.6 / 2.75 / 4.28 / 25.5.
 * A decoder that sits through a prompt iteration loses X = the prompt iteration minus
@@ -90,7 +90,7 @@ def jsq_share(batch):
 
 # Decoders' exposure to prompt iterations (`exposure_share`): the batch size past which
 # JSQ's preference for machines with few decoders stops showing in the decoders' share
-# of time in prompt iterations (measured on seven baselines; docs/cluster.md §3b).
+# of time in prompt iterations (measured on seven baselines; docs/cluster.md §4b).
 EXPOSURE_JSQ = True
 _EXPOSURE_B0 = 6.0
 
