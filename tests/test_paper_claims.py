@@ -250,6 +250,12 @@ def _get(ev, design, p, t, rate):
     return ev[_case(design, p, t, rate)["id"]]
 
 
+def feasible(m):
+    """The optimiser's constraint set (`optimize.problem.CONSTRAINT_NAMES`): every SLO
+    met and the KV cache within memory."""
+    return m["meets_slo"] and m["memory_pressure"] <= 1.0
+
+
 def test_fig12_provisioning_row1(claims_eval):
     """Row 1: 26P + 5T (31 machines, $1,180/h) is the fewest machines the grid and the
     optimiser find feasible on coding at 70 req/s: every SLO met and the KV cache within
@@ -259,9 +265,6 @@ def test_fig12_provisioning_row1(claims_eval):
     +0.0001 (a knife edge; -0.0075 before the window law) but needs 1.34x the KV memory;
     the other splits' margins are below -0.08. The paper's 27 + 3 is $1,142/h. Costs to
     the cent of the table's dollars."""
-    def feasible(m):
-        return m["meets_slo"] and m["memory_pressure"] <= 1.0
-
     (p, t), = _pools(CLAIMS[1]["ours"])[:1]
     ours = _get(claims_eval, "splitwise-hh", p, t, 70.0)
     assert feasible(ours)
@@ -319,9 +322,6 @@ def test_iso_throughput_rows14_15(claims_eval):
     lower cost) are not (measured 2026-12-07: HHcap 19P + 3T meets the SLOs by +0.002 but
     needs 1.26x the KV memory, 18P + 4T misses them by -0.39); their power and cost
     ratios to Baseline-H100 (40 machines) to one unit of the table's last digit."""
-    def feasible(m):  # the optimiser's constraint set, as row 1's
-        return m["meets_slo"] and m["memory_pressure"] <= 1.0
-
     target = _rates(12)[1]
     h100 = _get(claims_eval, *BASE_H100, target * (1 - RATE_BRACKET))  # its accounting (rate-free)
     for d, p, t in (POWER_HHCAP, COST_AA):
