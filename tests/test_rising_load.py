@@ -102,15 +102,16 @@ def test_queue_builds_as_our_simulator_does(monkeypatch):
     machines run prompts ~98 % of the window but the queue starts only 20-40 s in: TTFT
     P50 2.6 s. The model with a constant load grew it from the start (9.5 s, +266 %);
     with the rising load 4.4 s (+69 %, the rest mostly its load at the window's end:
-    TTFT P99 +50 % either way). Checked here on two seeds (their mean 2.8 s; 4.4 s and
-    9.5 s in the model): the rising load within a factor 2 of the simulation (its +69 %
-    and the seeds' spread, ~15 %), the constant load beyond 2.5x (its +266 %, less that
-    spread)."""
+    TTFT P99 +50 % either way). With the queue's prompts batched as a long queue cuts
+    them (`segments.queue_segments`, twenty-eighth session) 3.0 s rising and 6.0 s
+    constant. Checked here on two seeds (their mean 2.8 s): the rising load within a
+    factor 1.5 of the simulation (+6 %, and the seeds' spread, ~15 %), the constant load
+    beyond 1.8x (its +112 %, less that spread)."""
     sj, cluster, wl = _llama_conversation_baseline()
     sim = np.mean([sj.simulate(cluster, sj.poisson_trace(wl, wl.rate_per_s, 120.0, seed)).metrics["ttft_s"]["p50"]
                    for seed in (183, 1183)])
     rising = float(sj.evaluate(cluster, wl, 120.0).ttft_s[0])
     monkeypatch.setattr(fb, "RISING_LOAD", False)
     constant = float(sj.evaluate(cluster, wl, 120.0).ttft_s[0])
-    assert sim / 2 < rising < 2 * sim, (rising, sim)
-    assert constant > 2.5 * sim, (constant, sim)
+    assert sim / 1.5 < rising < 1.5 * sim, (rising, sim)
+    assert constant > 1.8 * sim, (constant, sim)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from splitwise_jax._smooth import softplus
 from splitwise_jax.cluster import memory_wait
-from splitwise_jax.cluster.pool import interfered_share, pool_state, pool_state_at, window_share
+from splitwise_jax.cluster.pool import interfered_share, pool_state, pool_state_at, prompt_batching, window_share
 from splitwise_jax.cluster.queueing import ROUTED_SHARE_COLOCATED, Burstiness, burst_size, wait_model
 from splitwise_jax.cluster.strategy import Colocated
 from splitwise_jax.cluster.types import Classes, DecodeRoute, Flows, PromptRoute, _kv_capacity_tokens
@@ -70,17 +70,19 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     cap_P = _kv_capacity_tokens(P, cluster) / mem_ctx
     mbt = cluster.scheduling.max_batch_tokens
     # issue 39: decodes over a window that starts empty (pool.window_share); queued
-    # prompts share iterations (pool._batched_rates)
+    # prompts share iterations (pool._batched_rates; `batching`: computed once, here)
+    batching = prompt_batching(cls.wp, cls.p, mbt)
+
     def state_at(rate):  # requests (prompts, then their decodes) at this rate
         return pool_state(P, n_p, rate, cls.wp, cls.p, cls.p_sq, rate, cls.mean_iters, cls.ctx, cap_P, mbt,
-                          window_s=window_s, batch_prompts=1.0)
+                          window_s=window_s, batch_prompts=batching)
 
     st = st_full = state_at(lam)
     pressure = st.batch_need / cap_P
     # routed on arrival: a waiting prompt waits on its machine (queueing.routed_residual_s)
     mem_on = memory_wait.switch(pressure)
     if MEMORY_WAIT and MEMORY_FULL:
-        st, scale, onset = _memory_full(st, lam, n_p, cap_P, cls, mbt, window_s, P)
+        st, scale, onset = _memory_full(st, lam, n_p, cap_P, cls, mbt, window_s, P, batching)
         wm = wait_model(lam, st.mean_prompt_s * scale, st.scv_prompt, n_p, ca2, horizon_s, ROUTED_SHARE_COLOCATED)
         if window_s is not None:  # the memory's load comes once it has filled (`queueing.drift_at`)
             # (a trace's windows, each `horizon_s` of the run's `window_s`: the same share of each)
@@ -95,7 +97,7 @@ def baseline_flows(cluster, cls: Classes, lam, ca2, horizon_s, window_s=None) ->
     # a trace's windows (`Burstiness`) each start where the run's population stands:
     # the rise is the run's, not each window's, and is left out there
     if RISING_LOAD and window_s is not None and not isinstance(ca2, Burstiness):
-        wm = _rising_load(wm, st_full, mem_on if MEMORY_WAIT else 0.0, cls, lam, n_p, mbt, window_s, P)
+        wm = _rising_load(wm, st_full, mem_on if MEMORY_WAIT else 0.0, cls, lam, n_p, mbt, window_s, P, batching)
     zero = jnp.zeros_like(cls.p)
     burst, burst_var = own_burst_iters(ca2, st.mean_prompt_s, n_p)
     # prompts run only while requests arrive: a decode's steps past the window's end
@@ -130,7 +132,7 @@ def _memory_wait(st, pressure, lam, n_p, cap_P, state_at):
     return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, onset
 
 
-def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing):
+def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing, batching):
     """A pool whose KV memory fills (f = 1): after it fills, requests are admitted at
     the rate the full memory turns over, and the rest queue.
 
@@ -167,14 +169,14 @@ def _memory_full(st, lam, n_p, cap, cls, mbt, window_s, timing):
     def admitted_state():
         b = st.batch + on * (cap - st.batch)   # the window's population, full memory after T_f
         st_m = pool_state_at(timing, n_p, lam * admitted, cls.wp, cls.p, cls.p_sq, lam * admitted, cls.mean_iters,
-                             cls.ctx, b, mbt, window_s, batch_prompts=1.0)
+                             cls.ctx, b, mbt, window_s, batch_prompts=batching)
         return jax.tree.map(lambda a, b_: jnp.asarray(a, jnp.result_type(b_)), st_m, st)
 
     st_a = jax.lax.cond(jnp.any(admitted < 1.0 - 1e-7), admitted_state, lambda: st)
     return st_a._replace(mean_prompt_s=st.mean_prompt_s, scv_prompt=st.scv_prompt), scale, fill
 
 
-def _rising_load(wm, st, mem_on, cls, lam, n_p, mbt, window_s, timing):
+def _rising_load(wm, st, mem_on, cls, lam, n_p, mbt, window_s, timing, batching):
     """The prompt queue's load rising through the window (`queueing.drift_at`).
 
     A run starts empty and its decoding population builds as lambda R (1 - exp(-t / R))
@@ -190,7 +192,7 @@ def _rising_load(wm, st, mem_on, cls, lam, n_p, mbt, window_s, timing):
     with `MEMORY_FULL` off the old memory queue (`memory_wait`) sets the wait instead and
     the ramp is switched off with it (`mem_on`, its switch)."""
     st0 = pool_state_at(timing, n_p, lam, cls.wp, cls.p, cls.p_sq, lam, cls.mean_iters, cls.ctx,
-                        jnp.asarray(_EMPTY_BATCH), mbt, window_s, batch_prompts=1.0)
+                        jnp.asarray(_EMPTY_BATCH), mbt, window_s, batch_prompts=batching)
     rise = jnp.maximum(st.rho_prompt - st0.rho_prompt, 0.0) * (1.0 - mem_on)
     return wm._replace(rise=rise, ramp_s=cls.mean_iters * st.step_s)
 

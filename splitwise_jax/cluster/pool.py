@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from splitwise_jax._roots import damped_log_newton_step, log_slope_step
 from splitwise_jax._smooth import smooth_min_one, smooth_min_pos, softplus
 from splitwise_jax.cluster.queueing import prob_wait
+from splitwise_jax.cluster.segments import queue_segments
 from splitwise_jax.specs.batch import Batch
 
 _NEWTON_ITERS = 12
@@ -157,8 +158,11 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens, batching
     tok, seqs, sq = [p_tok, p_tok], [ones, ones], [p_sq, p_sq]
     dec, dctx = [zeros, ride_k], [zeros, ride_k * ctx]
     if batching:
-        # Room for other prompts next to the prompt and (when they ride) its decoders.
-        extra = softplus(max_batch_tokens - p_tok - (1.0 - none) * ride_k, _BATCH_TOKEN_TEMPERATURE)
+        # Room for other prompts next to the prompt: SplitwiseSim picks the waiting prompts
+        # before the decodes (`PROMPTS_FIRST_ROOM`; the decodes left out wait the
+        # iteration out, as riders do).
+        riders = 0.0 if PROMPTS_FIRST_ROOM else (1.0 - none) * ride_k
+        extra = softplus(max_batch_tokens - p_tok - riders, _BATCH_TOKEN_TEMPERATURE)
         n_extra = extra / jnp.maximum(mean_p, 1.0)
         tok += [p_tok + extra, p_tok + extra]
         seqs += [ones + n_extra, ones + n_extra]
@@ -194,11 +198,13 @@ def interruptions_per_step(frac, t_decode, mean_loss):
     return smooth_min_pos(per_step, _MAX_PREEMPTIONS, p=8.0)
 
 
-def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens, servers=None):
+def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_tokens, servers=None,
+           segments=None):
     """Per-machine rates at decode batch B. Returns (t_p (K,) a prompt's own iteration,
     E[T] the prompt work per prompt, busy, t_d, step, events, E[X], Var[X], carry share,
     s (K,) each class's prompt work)); with `servers` (the pool's machines) queued
-    prompts share iterations (`_batched_rates`), without it one prompt per iteration
+    prompts share iterations (`_batched_rates`, with `segments` the long queue's
+    companions, `segments.queue_segments`), without it one prompt per iteration
     (s = t_p)."""
     if servers is None:
         t_p, fits, t_d, x_k = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
@@ -207,7 +213,7 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
         mean_p = jnp.dot(prompt_w, p_tok)
         t0, fits, t_d, x0, room, t1, x1 = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens,
                                                            True, mean_p, jnp.dot(prompt_w, p_sq))
-        t_p, s_k, x_k = _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1)
+        t_p, s_k, x_k = _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1, segments)
     e_t = jnp.dot(prompt_w, s_k)
     # Iterations, not prompts: a prompt of class k brings s_k / t_k of its iteration
     # (the rest is the prompts batched with it), so iterations weigh the classes by
@@ -233,6 +239,14 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
 # BLOOM conversation 40, H100 x 10 Llama2-70B coding 30): TTFT/TBT/E2E percentiles
 # within 4e-5 relative after 3 steps, 3e-8 after 6.
 _BATCH_FIXED_POINT_STEPS = 3
+# The room a queued prompt has for others is the token budget less its own tokens: the
+# waiting prompts are picked before the decodes (SplitwiseSim's batch selection), not
+# next to them (issue 39, twenty-eighth session).
+PROMPTS_FIRST_ROOM = True
+# The tokens that join a waiting prompt's iteration grow, with the queue it finds, to
+# what a long queue gives from each prompt's side (`segments.queue_segments`), not only
+# the two prompts behind it (issue 39, twenty-eighth session).
+QUEUE_SEGMENTS = True
 # Largest load at which the queue a waiting prompt finds is counted (rho / (1 - rho)).
 _QUEUE_RHO_MAX = 0.98
 
@@ -251,7 +265,13 @@ def _packing(prompt_w, p_tok, room):
     return first, second
 
 
-def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1):
+def prompt_batching(prompt_w, p_tok, max_batch_tokens):
+    """`batch_prompts` for a pool whose queued prompts share iterations: the long
+    queue's companions (`segments.queue_segments`) with `QUEUE_SEGMENTS`, else 1.0."""
+    return queue_segments(prompt_w, p_tok, max_batch_tokens) if QUEUE_SEGMENTS else 1.0
+
+
+def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1, segments=None):
     """Prompts that queue share an iteration (SplitwiseSim's prompt batching, up to
     max_batch_tokens). A prompt that waits (all machines busy: Sakasegawa's C at the
     batched load) is joined by the prompts that arrived at its machine over one
@@ -259,7 +279,10 @@ def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1):
     (r / (1 - r) / N, the M/M/c queue given a wait, r = rho smoothly capped at
     `_QUEUE_RHO_MAX`), first come first served while they fit in
     the room its iteration has left (`_packing`; the first two are counted):
-    E = C [(1 - e^-a) E1 + (1 - e^-a (1 + a)) E2] tokens. Its own iteration is the one
+    E = C [(1 - e^-a) E1 + (1 - e^-a (1 + a)) E2] tokens; with `segments` (L (K,), the
+    companions a long queue gives each prompt, `segments.queue_segments`) the queue's
+    prompts join from both sides of it, E = C L (1 - exp(-a E1 / L)): a E1 for a short
+    queue, L for a long one. Its own iteration is the one
     with E more tokens (interpolated linearly in E between empty and full room), its
     share of it by tokens, p / (p + E), is the prompt work it brings (the pool's load),
     and a decoder riding along loses the whole batched iteration. The fixed point in
@@ -267,6 +290,7 @@ def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1):
     Returns (t (K,) the prompt's iteration, s (K,) its work, x (K,) a rider's loss)."""
     full = jnp.maximum(room, 1e-6)
     first, second = _packing(prompt_w, p_tok, room)
+    long_queue = None if segments is None else jnp.maximum(segments, 1e-6)
     extra = jnp.zeros_like(t0)
     for _ in range(_BATCH_FIXED_POINT_STEPS):
         g = extra / full
@@ -278,7 +302,10 @@ def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1):
         r = _QUEUE_RHO_MAX * smooth_min_one(rho / _QUEUE_RHO_MAX, _RHO_TEMPERATURE)
         a = lam_p * jnp.dot(prompt_w, t) + r / (1.0 - r) / jnp.maximum(servers, 1.0)
         none = jnp.exp(-a)
-        found = prob_wait(rho, servers) * ((1.0 - none) * first + (1.0 - none * (1.0 + a)) * second)
+        if segments is None:
+            found = prob_wait(rho, servers) * ((1.0 - none) * first + (1.0 - none * (1.0 + a)) * second)
+        else:
+            found = prob_wait(rho, servers) * long_queue * -jnp.expm1(-a * first / long_queue)
         extra = smooth_min_pos(found, full, p=8.0)  # the smoothed "fits" may overshoot the room
     g = extra / full
     t = t0 + g * (t1 - t0)
@@ -340,8 +367,9 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     lam_p = prompt_rate / n
     lam_d = decode_rate / n
     servers = None if batch_prompts is None else n
+    segments = None if batch_prompts is None or jnp.ndim(batch_prompts) == 0 else batch_prompts
     t_p, e_t, busy, t_d, step, events, e_x, var_x, carry, s_k = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens,
-                                                                      batch, max_batch_tokens, servers)
+                                                                      batch, max_batch_tokens, servers, segments)
     e_t2 = jnp.dot(prompt_w, s_k**2)
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
     decoding = 1.0 - jnp.exp(-batch)
@@ -374,8 +402,10 @@ def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_ra
         window_s: arrival window T (s) of a run that starts empty and drains: Little's
             law then counts the population a decode step sees over it
             (`window_share`); None: the stationary law.
-        batch_prompts: None (one prompt per iteration) or 1.0: prompts that queue share
-            an iteration up to `max_batch_tokens` (`_batched_rates`).
+        batch_prompts: None (one prompt per iteration), or prompts that queue share an
+            iteration up to `max_batch_tokens` (`_batched_rates`): 1.0 for the two
+            prompts behind each, or (K,) the long queue's companions of each class
+            (`prompt_batching`, which picks).
     """
     if isinstance(decode_rate, (int, float)) and decode_rate == 0:
         # No decode traffic: Little's law's root is the floor of its log, B = 1e-12, with
