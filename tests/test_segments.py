@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitwise_jax.cluster import pool
+from splitwise_jax.cluster import pool, segments
 from splitwise_jax.cluster.cluster import _classes
 from splitwise_jax.cluster.segments import queue_segments
 from splitwise_jax.cluster.workload import workload
@@ -78,6 +78,7 @@ def test_jit_vmap_grad_finite():
 
 def test_on_by_default_and_off_restores_the_head_view(monkeypatch):
     assert pool.QUEUE_SEGMENTS is True and pool.PROMPTS_FIRST_ROOM is True
+    assert segments.TEMPERATURE == pool._BATCH_TOKEN_TEMPERATURE  # one "fits" for both views
     cls = _classes(workload("coding", 50.0))
     assert jnp.shape(pool.prompt_batching(cls.wp, cls.p, MBT)) == cls.p.shape
     monkeypatch.setattr(pool, "QUEUE_SEGMENTS", False)

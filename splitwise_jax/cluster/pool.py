@@ -251,18 +251,20 @@ QUEUE_SEGMENTS = True
 _QUEUE_RHO_MAX = 0.98
 
 
-def _packing(prompt_w, p_tok, room):
+def _packing(prompt_w, p_tok, room, second=True):
     """Prompt tokens that fill a room of `room` (K,) tokens, first come first served
     (SplitwiseSim's batch-token rule: the next queued prompt joins if it fits, and
     batching stops at the first that does not): (K,) the tokens of the first queued
-    prompt if it fits, (K,) those of the second if the first did and both fit. Prompt
-    sizes are the workload's classes; "fits" is smoothed over `_BATCH_TOKEN_TEMPERATURE`."""
+    prompt if it fits, (K,) those of the second if the first did and both fit (None
+    without `second`). Prompt sizes are the workload's classes; "fits" is smoothed over
+    `_BATCH_TOKEN_TEMPERATURE`."""
     fit1 = jax.nn.sigmoid((room[:, None] - p_tok[None, :]) / _BATCH_TOKEN_TEMPERATURE)       # (K, J)
     first = fit1 @ (prompt_w * p_tok)
+    if not second:
+        return first, None
     left = room[:, None, None] - p_tok[None, :, None] - p_tok[None, None, :]
     fit2 = jax.nn.sigmoid(left / _BATCH_TOKEN_TEMPERATURE)                                    # (K, J, I)
-    second = jnp.einsum("kj,j,kji,i->k", fit1, prompt_w, fit2, prompt_w * p_tok)
-    return first, second
+    return first, jnp.einsum("kj,j,kji,i->k", fit1, prompt_w, fit2, prompt_w * p_tok)
 
 
 def prompt_batching(prompt_w, p_tok, max_batch_tokens):
@@ -289,7 +291,7 @@ def _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1, segmen
     (a, C) is taken by `_BATCH_FIXED_POINT_STEPS` substitutions from no batching.
     Returns (t (K,) the prompt's iteration, s (K,) its work, x (K,) a rider's loss)."""
     full = jnp.maximum(room, 1e-6)
-    first, second = _packing(prompt_w, p_tok, room)
+    first, second = _packing(prompt_w, p_tok, room, second=segments is None)
     long_queue = None if segments is None else jnp.maximum(segments, 1e-6)
     extra = jnp.zeros_like(t0)
     for _ in range(_BATCH_FIXED_POINT_STEPS):
