@@ -90,6 +90,7 @@ def test_finite_gradients_with_the_pass_on(monkeypatch):
                                 Resolution(), 120.0)
         return jnp.sum(fl.drafted) + fl.moved + jnp.sum(fl.decode_routes[1].weight) + jnp.sum(fl.prompt_routes[1].weight)
 
+    g_f = jax.jit(jax.value_and_grad(f))  # one trace for the three points
     for x in ((20.0, 4.0, 60.0), (22.0, 3.0, 60.0), (30.0, 12.0, 110.0)):
-        v, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(x))
+        v, g = g_f(jnp.asarray(x))
         assert np.isfinite(float(v)) and np.all(np.isfinite(np.asarray(g))), (x, v, g)
