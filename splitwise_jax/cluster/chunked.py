@@ -295,7 +295,8 @@ def chunked_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     mean = PoolState(rho_prompt=r.rho, batch=batch, batch_need=need_of(r), prompt_s=own, mean_prompt_s=e_s,
                      scv_prompt=scv, decode_s=r.t_d, step_s=r.step, events_per_step=jnp.zeros(()),
                      interf_mean_s=jnp.zeros(()), interf_var_s2=jnp.zeros(()), residual_s=resid,
-                     carry_share=jnp.ones(()))  # chunks fit the batch: decoders always ride along
+                     carry_share=jnp.ones(()),  # chunks fit the batch: decoders always ride along
+                     decode_slope_s=jnp.zeros(()))  # no arrival profile for the chunked engine
     # Uneven exposure: a share jsq_share(B) of decoders sits on the machines routing sends
     # prompts to and sees the full prompt rate; the rest see prompts only when every
     # machine has a queue. Same mean as `r.seen`; the spread of TBT across requests is

@@ -128,7 +128,7 @@ def evaluate(cluster: Cluster, workload: Workload, horizon_s=120.0, slo=PAPER_SL
     if prof is None:
         flows = strategy.flows(cluster, cls, lam, jnp.asarray(workload.arrival_cv2, float), horizon_s, resolution,
                                window)
-        mixtures = components(cluster, cls, flows, resolution)
+        mixtures = components(cluster, cls, flows, resolution, window)
     else:
         # A trace's own arrival curve: the model window by window (each window's rate,
         # burstiness and length), latencies the arrival-weighted mixture over windows.

@@ -128,6 +128,7 @@ class PoolState(NamedTuple):
     interf_var_s2: jnp.ndarray     # Var[X]
     residual_s: jnp.ndarray        # mean wait for the iteration in flight at a prompt's arrival
     carry_share: jnp.ndarray       # share of prompt iterations a decoder on the machine rides along
+    decode_slope_s: jnp.ndarray    # d t_d / d B: the decode-only iteration's time per decoder more
 
 
 def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens, batching=False, mean_p=None,
@@ -154,6 +155,7 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens, batching
     fits = jax.nn.sigmoid((max_batch_tokens - p_tok - 1.0) / _BATCH_TOKEN_TEMPERATURE)
     ride_k = smooth_min_pos(ride * jnp.ones(k), jnp.maximum(room, 1e-6), p=8.0)
     b_dec = jnp.maximum(batch, 1.0)
+    b_up = b_dec + _SLOPE_DECODERS
     zeros, ones = jnp.zeros(k), jnp.ones(k)
     tok, seqs, sq = [p_tok, p_tok], [ones, ones], [p_sq, p_sq]
     dec, dctx = [zeros, ride_k], [zeros, ride_k * ctx]
@@ -170,14 +172,15 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens, batching
         dec += [zeros, ride_k]
         dctx += [zeros, ride_k * ctx]
     t = timing.iteration_s(Batch(
-        prompt_tokens=jnp.concatenate(tok + [jnp.zeros(1)]),
-        prompt_seqs=jnp.concatenate(seqs + [jnp.zeros(1)]),
-        prompt_sq_tokens=jnp.concatenate(sq + [jnp.zeros(1)]),
-        decode_seqs=jnp.concatenate(dec + [b_dec[None]]),
-        decode_ctx_tokens=jnp.concatenate(dctx + [(b_dec * ctx)[None]]),
+        prompt_tokens=jnp.concatenate(tok + [jnp.zeros(2)]),
+        prompt_seqs=jnp.concatenate(seqs + [jnp.zeros(2)]),
+        prompt_sq_tokens=jnp.concatenate(sq + [jnp.zeros(2)]),
+        decode_seqs=jnp.concatenate(dec + [b_dec[None], b_up[None]]),
+        decode_ctx_tokens=jnp.concatenate(dctx + [(b_dec * ctx)[None], (b_up * ctx)[None]]),
     ))
     mix_prob = (1.0 - none) * fits
-    t_d = t[-1]
+    t_d = t[-2]
+    slope = (t[-1] - t_d) / _SLOPE_DECODERS
 
     def mixture(alone, mixed):
         lost = (1.0 - fits) * alone + fits * jnp.maximum(mixed - t_d, 1e-6)
@@ -185,9 +188,14 @@ def _iteration_times(timing, p_tok, p_sq, batch, ctx, max_batch_tokens, batching
 
     t_p, lost = mixture(t[:k], t[k:2 * k])
     if not batching:
-        return t_p, fits, t_d, lost
+        return t_p, fits, t_d, lost, slope
     t_full, lost_full = mixture(t[2 * k:3 * k], t[3 * k:4 * k])
-    return t_p, fits, t_d, lost, extra, t_full, lost_full
+    return t_p, fits, t_d, lost, extra, t_full, lost_full, slope
+
+
+# Decoders more at which the decode-only iteration is timed a second time, for its slope
+# in the batch (`PoolState.decode_slope_s`; components.arrival_profile).
+_SLOPE_DECODERS = 8.0
 
 
 def interruptions_per_step(frac, t_decode, mean_loss):
@@ -207,11 +215,11 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
     companions, `segments.queue_segments`), without it one prompt per iteration
     (s = t_p)."""
     if servers is None:
-        t_p, fits, t_d, x_k = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
+        t_p, fits, t_d, x_k, slope = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens)
         s_k = t_p
     else:
         mean_p = jnp.dot(prompt_w, p_tok)
-        t0, fits, t_d, x0, room, t1, x1 = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens,
+        t0, fits, t_d, x0, room, t1, x1, slope = _iteration_times(timing, p_tok, p_sq, batch, ctx_tokens, max_batch_tokens,
                                                            True, mean_p, jnp.dot(prompt_w, p_sq))
         t_p, s_k, x_k = _batched_rates(lam_p, prompt_w, p_tok, servers, t0, x0, room, t1, x1, segments)
     e_t = jnp.dot(prompt_w, s_k)
@@ -229,7 +237,7 @@ def _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens, batch, max_batch_to
     frac = exposure_share(batch) * busy * e_x / e_it     # share of a decoder's time lost
     events = interruptions_per_step(frac, t_d, e_x)
     step = t_d + events * e_x
-    return t_p, e_t, busy, t_d, step, events, e_x, var_x, jnp.dot(prompt_w, fits), s_k
+    return t_p, e_t, busy, t_d, step, events, e_x, var_x, jnp.dot(prompt_w, fits), s_k, slope
 
 
 # Substitution steps of the batch-size fixed point (`_batched_rates`): the map is a
@@ -370,7 +378,7 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     lam_d = decode_rate / n
     servers = None if batch_prompts is None else n
     segments = None if batch_prompts is None or jnp.ndim(batch_prompts) == 0 else batch_prompts
-    t_p, e_t, busy, t_d, step, events, e_x, var_x, carry, s_k = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens,
+    t_p, e_t, busy, t_d, step, events, e_x, var_x, carry, s_k, slope = _rates(timing, lam_p, prompt_w, p_tok, p_sq, ctx_tokens,
                                                                       batch, max_batch_tokens, servers, segments)
     e_t2 = jnp.dot(prompt_w, s_k**2)
     scv = jnp.maximum(e_t2 / e_t**2 - 1.0, 0.0)
@@ -384,7 +392,7 @@ def pool_state_at(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode
     if window_s is not None:
         need = need * window_share(mean_decode_iters * step, window_s)
     return PoolState(lam_p * e_t, batch, need, t_p, e_t, scv, t_d, step, events, e_x,
-                     var_x, residual, carry)
+                     var_x, residual, carry, slope)
 
 
 def pool_state(timing, n_machines, prompt_rate, prompt_w, p_tok, p_sq, decode_rate, mean_decode_iters,
@@ -492,7 +500,7 @@ def _root(args):
     b0 = smooth_min_pos(lam_d * mean_decode_iters * 0.04 + 1e-9, batch_cap, p=_MEMORY_P)
     log_b0 = jnp.log(b0)
     zero = jnp.zeros((2,), log_b0.dtype)
-    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros((2,) + jnp.shape(args[4]), log_b0.dtype), *(zero,) * 9))
+    empty = (log_b0, PoolState(*(zero,) * 3, jnp.zeros((2,) + jnp.shape(args[4]), log_b0.dtype), *(zero,) * 10))
     _, new, (log_b, pair), moved = jax.lax.while_loop(
         going, newton, (0, log_b0, empty, jnp.asarray(jnp.inf, log_b0.dtype)))
     # The state at the last iterate, moved to the next one along the pair's difference
