@@ -116,8 +116,8 @@ def arrival_profile(st, cls: Classes, window_s):
     decoders). After T the population decays at its own pace (no arrivals). Faded out
     where the pool's batch is not Little's law's at its step (held below it by a full
     memory or batch slots, or set by a memory-full baseline's admissions: the population
-    sits at its cap through most of the window). Measured in our simulator (docs/validation.md, twenty-ninth session):
-    Splitwise-HHcap 24 + 16, BLOOM-176B conversation at 0.42 of capacity, the token
+    sits at its cap through most of the window). Measured in our simulator
+    (docs/validation.md, twenty-ninth session): Splitwise-HHcap 24 + 16, BLOOM-176B conversation at 0.42 of capacity, the token
     machines hold 45.9 decoders over 20-120 s where the model's window mean is 41.1.
     """
     lam_i = st.batch_need / jnp.maximum(st.step_s * window_share(cls.mean_iters * st.step_s, window_s), 1e-12)
@@ -204,21 +204,19 @@ def components(cluster, cls: Classes, flows: Flows, res: Resolution, window_s=No
                    + dr.burst_iters_var * st.interf_mean_s**2
                    + dr.interfered_var * (st.events_per_step * st.interf_mean_s)**2 + dr.join_var_s2)
         weight = dr.weight * cls.w[None] * cw
+        decodes.append((rest + cls.iters[None, None, :] * st.decode_s, dec_var, weight))
         if window_s is None or not ARRIVAL_PROFILE:
-            dec = rest + cls.iters[None, None, :] * st.decode_s
-            decodes.append((dec, dec_var, weight))
-            by_arrival.append((dec, dec_var, weight))
+            by_arrival.append(decodes[-1])
             continue
         # TBT: the count axis runs over (arrival time, count), (A J, K, M). E2E keeps
         # the window's mean population (docs/cluster.md §2, *When a decode arrives*).
         gl_w, ratio = arrival_profile(st, cls, window_s)
         steps = cls.iters[None, :] * st.decode_s * ratio                                  # (A, M)
-        a = gl_w.shape[0]
+        shape = (gl_w.shape[0],) + rest.shape
         dec_a = (rest[None] + steps[:, None, None, :]).reshape((-1,) + rest.shape[1:])
-        var_a = jnp.broadcast_to(jnp.broadcast_to(dec_var, rest.shape)[None], (a,) + rest.shape).reshape(dec_a.shape)
-        w_a = (gl_w[:, None, None, None] * jnp.broadcast_to(weight, rest.shape)[None]).reshape(dec_a.shape)
+        var_a = jnp.broadcast_to(dec_var, shape).reshape(dec_a.shape)
+        w_a = (gl_w[:, None, None, None] * jnp.broadcast_to(weight, shape)).reshape(dec_a.shape)
         by_arrival.append((dec_a, var_a, w_a))
-        decodes.append((rest + cls.iters[None, None, :] * st.decode_s, dec_var, weight))
     prompts, ttft_parts = [], []
     for pr in flows.prompt_routes:
         s_k = pr.backlog_s + pr.state.residual_s + pr.state.prompt_s
