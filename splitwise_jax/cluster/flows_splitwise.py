@@ -482,8 +482,21 @@ def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _Drafting:
     converted = 1.0 - (1.0 - converted) * (1.0 - on)
     to_t = converted * s.n_t / jnp.maximum(s.n_t + n_mixed, 1e-6)
     x_k = d.x_k + to_t * (xk_n - d.x_k)
-    wm = jax.tree.map(lambda u, v: u + to_t * (v - u), d.wm_p0, wm_n)
+    wm = jax.tree.map(_blend(to_t), d.wm_p0, wm_n)
     return _with_drafts(s, d._replace(wm_p0=wm), jnp.dot(s.cls.wp, x_k), x_k)
+
+
+def _blend(t):
+    """u + t (v - u) for two fields of a `WaitModel`, keeping a static field static where
+    both laws hold the same Python number: the wait law reads a static zero residual
+    (`residual_s == 0.0`) as "no residual" and a traced one as an exponential of mean 0,
+    whose rate 1 / max(mean, 1e-30) has a derivative that overflows float32 (NaN
+    gradients everywhere with the cascade's pass on, in float32; 2026-12-07)."""
+    def blend(u, v):
+        if isinstance(u, (int, float)) and isinstance(v, (int, float)) and u == v:
+            return u
+        return u + t * (v - u)
+    return blend
 
 
 def _drafts_per_token_machine(s: _Setup, d: _Drafting):
