@@ -336,6 +336,10 @@ def test_exponential_convolution_limits_and_gradient():
     for mean in (0.0, 1e-9, 0.1, 2.0):
         g = jax.grad(lambda m: jnp.sum(with_exponential(xs, cdf, m)))(mean)
         assert np.isfinite(float(g)), mean
+        # and in float32 (JAX's default precision), where a floor of 1e-30 made it NaN at 0
+        x32, c32 = xs.astype(jnp.float32), cdf.astype(jnp.float32)
+        g32 = jax.grad(lambda m: jnp.sum(with_exponential(x32, c32, m)))(jnp.float32(mean))
+        assert g32.dtype == jnp.float32 and np.isfinite(float(g32)), mean
 
 
 def test_busy_table_with_a_residual_is_the_convolved_law():

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from splitwise_jax._smooth import den_floor
 from splitwise_jax.cluster.quantiles import _logit_of, bracket, implicit_root, rebracket, refine
 from splitwise_jax.cluster.queueing import WaitModel, drift_at, wait_cdf_busy
 from splitwise_jax.cluster.metrics import LEVELS as PERCENTILES
@@ -204,10 +205,13 @@ def with_exponential(xs, values, mean_s):
 
     so the result is a sum of non-negative terms increasing in x (monotone), equal to Y's
     CDF at mean 0, and its absolute round-off is that of the CDF (no 1 / mean growth)."""
-    lam = 1.0 / jnp.maximum(mean_s, 1e-30)
+    # Floors in the arrays' precision (`_smooth.den_floor`): at a traced mean of 0 the
+    # derivative of 1 / max(mean, 1e-30) overflowed float32 (NaN gradients; 2026-12-07).
+    floor = den_floor(jnp.result_type(mean_s, xs))
+    lam = 1.0 / jnp.maximum(mean_s, floor)
     lo = jnp.concatenate([jnp.zeros_like(xs[:1]), xs[:-1]])
     d_g = values - jnp.concatenate([jnp.zeros_like(values[:1]), values[:-1]])
-    z = jnp.maximum((xs - lo) * lam, 1e-30)
+    z = jnp.maximum((xs - lo) * lam, floor)
     phi = -jnp.expm1(-z) / z
     gap = xs[:, None] - xs[None, :]                      # x_j - b_i
     below = gap >= 0.0
