@@ -489,9 +489,10 @@ def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _Drafting:
 def _blend(t):
     """u + t (v - u) for two fields of a `WaitModel`, keeping a static field static where
     both laws hold the same Python number: the wait law reads a static zero residual
-    (`residual_s == 0.0`) as "no residual" and a traced one as an exponential of mean 0,
-    whose rate 1 / max(mean, 1e-30) has a derivative that overflows float32 (NaN
-    gradients everywhere with the cascade's pass on, in float32; 2026-12-07)."""
+    (`residual_s == 0.0`) as "no residual" (the law itself) and a traced one as an
+    exponential of mean 0, convolved on a grid twice as fine (`percentiles.busy_table`):
+    the same values at more cost, and until `with_exponential`'s floors followed the
+    precision, NaN gradients everywhere in float32 with the cascade's pass on (2026-12-07)."""
     def blend(u, v):
         if isinstance(u, (int, float)) and isinstance(v, (int, float)) and u == v:
             return u
