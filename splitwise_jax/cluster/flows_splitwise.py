@@ -99,6 +99,10 @@ WINDOW_RESERVATIONS = False
 # simulators); past it a decode waits for a slot (`_slot_wait`; issue 39, twenty-sixth
 # session). Off: the batch grows to what KV memory holds.
 BATCH_SLOTS = True
+# The mixed pool's peak counts the reservations a burst of drafts piles up on the token
+# machines (`_draft_spike`; issue 39, thirty-first session): off, with the drafting
+# regime it belongs to (docs/validation.md, thirty-first session).
+DRAFT_SPIKES = False
 # Width of the smooth max(rho - 1, 0) of the slot queue's load.
 _SLOT_TEMPERATURE = 0.02
 # The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
@@ -613,11 +617,32 @@ def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
     tau = safe_div(lam * jnp.sum(cls.w * r.m_tok * r.sojourn**2), r.demand)
     z_peak = jnp.sqrt(2.0 * jnp.log1p(s.horizon_s / jnp.maximum(tau, 1e-3)))
     peak = r.demand + z_peak * jnp.sqrt(r.var + 1e-12 * r.capacity**2)
+    if DRAFT_SPIKES:
+        peak = peak + _draft_spike(s, d, r)
     n_mixed = softplus(peak - r.capacity, 0.05 * cap_tok_P) / cap_tok_P
     n_mixed = 0.8 * n_p * smooth_min_one(n_mixed / (0.8 * jnp.maximum(n_p, 1e-6)))
     drained = _drained(s, d)
     f_km = r.f_km + (1.0 - r.f_km) * drained * n_mixed / jnp.maximum(n_mixed + n_t, 1e-6)
     return n_mixed, f_km, jnp.sum(cls.w * f_km)
+
+
+def _draft_spike(s: _Setup, d: _Drafting, r: _Reservations):
+    """The KV reservations a burst of drafts adds to the token pool at once, over the
+    mean (`DRAFT_SPIKES`, off; docs/cluster.md §4, "The cascade").
+
+    Drafts come when the prompt queue spikes, so the token machines take theirs together
+    (our simulator, Splitwise-HH 20 + 4 on coding at 60 req/s: each prompt machine that
+    joined the mixed pool did so while every token machine held 350-360 of its 358 GB,
+    just after 17-26 prompts had queued). While a token machine runs a drafted prompt
+    (D s on average) none of its decodes finishes and new requests keep reserving, so the
+    pool's reservations rise by lambda E[m] D, with the chance that every token machine
+    took a draft (`_drained`). A token machine already busy with drafts a share rho of
+    its time holds that share in its mean step (the reservations' sojourn), so the spike
+    is the rest, (1 - rho) of it: steady drafting in overload makes no spike."""
+    e_m = jnp.sum(s.cls.w * r.m_tok)
+    e_d = jnp.dot(d.w_t, d.t_alone)
+    rho = smooth_min_one(s.lam * d.x_tot * e_d / jnp.maximum(s.n_t, 1e-6))
+    return _drained(s, d) * s.lam * e_m * e_d * (1.0 - rho)
 
 
 def _step3_pools(s: _Setup, d: _Drafting, f_km, f) -> _Pools:
