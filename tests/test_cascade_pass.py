@@ -71,16 +71,16 @@ def test_without_a_mixed_pool_the_pass_changes_nothing(monkeypatch):
     np.testing.assert_allclose(np.asarray(d2.x_k), np.asarray(d.x_k), rtol=1e-6, atol=1e-9)
 
 
-def test_the_pass_keeps_the_wait_laws_static_fields_static(monkeypatch):
-    # The pass blends the prompt pool's wait law with the smaller pool's. A field both
-    # laws hold as the same Python number (no routed residual: residual_s = 0.0) must stay
-    # that number: the wait law reads a traced zero residual as an exponential of mean 0,
-    # whose derivative overflowed float32 (NaN gradients everywhere with the pass on).
+def test_the_pass_leaves_the_prompt_pools_wait_law_as_step_1s(monkeypatch):
+    # The pass reads drafting again on the prompt machines the mixed pool has not taken
+    # and adds a share of the extra drafts; the prompt pool's wait law stays step 1's
+    # (blending it towards the smaller pool's capped law lowered the wait where the mixed
+    # pool is large: HH 30 + 10 on coding at 110 req/s, TTFT P50 0.25 s against our
+    # simulator's 0.77-0.80 s). With three more mixed machines the drafts rise.
     s, d, (_, n_mixed, _, _, pools, _) = _light_load_steps(monkeypatch)
     d2 = fs._cascade_pass(s, d, n_mixed + 3.0, pools)
-    assert isinstance(d.wm_p0.residual_s, float) and d.wm_p0.residual_s == 0.0
-    assert isinstance(d2.wm_p0.residual_s, float) and d2.wm_p0.residual_s == 0.0
-    assert not isinstance(d2.wm_p0.p_wait, float)  # what the laws hold as arrays is blended
+    assert d2.wm_p0 is d.wm_p0
+    assert float(d2.x_tot) > float(d.x_tot)
 
 
 def test_the_cap_is_lifted_only_where_memory_is_full(monkeypatch):
