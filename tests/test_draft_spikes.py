@@ -53,9 +53,8 @@ def test_the_drained_token_pool_moves_decodes_as_the_reference_does(monkeypatch)
         assert bool(m.meets_slo) is bool(row["meets_slo"]) is False
 
 
-def _spike(monkeypatch, rate):
+def _spike(rate):
     """`_draft_spike` of Splitwise-HH 20 + 4 on coding, from the steps it reads."""
-    _switch_on(monkeypatch)
     wl = workload("coding", 60.0)
     c, cls = make_cluster("splitwise-hh", 20.0, 4.0), _classes(wl)
     s = fs._setup(c, cls, rate, jnp.asarray(wl.arrival_cv2, float), 120.0, Resolution(), 120.0)
@@ -67,7 +66,8 @@ def test_the_spike_is_smooth_and_vanishes_without_drafts(monkeypatch):
     # Light load drafts nothing, so no spike; near the pool's capacity drafts come in
     # bursts; the derivative in the rate is finite across (the law is a product of
     # smooth pieces).
-    value_and_grad = jax.jit(jax.value_and_grad(lambda r: _spike(monkeypatch, r)))
+    _switch_on(monkeypatch)
+    value_and_grad = jax.jit(jax.value_and_grad(_spike))
     light, g_light = value_and_grad(jnp.asarray(5.0))
     busy, g_busy = value_and_grad(jnp.asarray(75.0))
     assert float(light) < 1e-3 * float(busy)

@@ -595,8 +595,9 @@ def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
     idle again. Least-memory routing spreads later overflow over every mixed machine, so
     few ever empty: their number ratchets up to what the peak overflow needed, the
     reservations' peak over the horizon, mean plus sd sqrt(2 ln(1 + T / tau)) (tau the
-    memory-weighted sojourn, the shot noise's correlation time), less the token pool's
-    memory. At most 4/5 of the prompt pool, so that some is left to draft from.
+    memory-weighted sojourn, the shot noise's correlation time), plus the drafts' spike
+    where `DRAFT_SPIKES` is on (off), less the token pool's memory. At most 4/5 of the
+    prompt pool, so that some is left to draft from.
 
     The drained token pool (docs/cluster.md §4, "The cascade"). A token machine that
     takes a draft leaves the token pool until it is idle, which under load it seldom is;
