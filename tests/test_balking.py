@@ -74,7 +74,7 @@ def test_drafted_share_agrees_with_the_simulator_where_the_pool_drafts(monkeypat
     from splitwise_jax.cluster import flows_splitwise
     from splitwise_jax.cluster.cluster import evaluate
 
-    monkeypatch.setattr(flows_splitwise, "BALKING_DRAFTS", True)  # off by default
+    monkeypatch.setattr(flows_splitwise, "BALKING_DRAFTS", True)  # the default; set so the check stays on it
     # a jit of its own: the switch is read when the program is traced
     m = jax.jit(lambda c, w: evaluate(c, w, 120.0))(make_cluster("splitwise-hh", 20.0, 30.0), workload("coding", 80.0))
     assert float(m.mixed_prompt_frac) == pytest.approx(0.061, rel=0.25)

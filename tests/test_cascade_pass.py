@@ -1,8 +1,9 @@
 """The cascade's pass (`flows_splitwise._cascade_pass`) and the regime's memory cap (issue 39).
 
-Off by default (`CASCADE_PASS`, `DRAFTS_WAIT_MEMORY`, and the drafting regime they go
-with); these tests switch them on for themselves, each under a jit of its own (the
-switches are read when a program is traced)."""
+The pass is on by default with the drafting regime it goes with (`CASCADE_PASS`,
+`BALKING_DRAFTS`, `TOKEN_FIRST_WAIT`; the thirty-second session); the regime's memory
+cap (`DRAFTS_WAIT_MEMORY`) is off. Tests that need a switch set say so for themselves,
+each under a jit of its own (the switches are read when a program is traced)."""
 
 
 import jax
@@ -24,8 +25,9 @@ def _switch_on(monkeypatch):
         monkeypatch.setattr(fs, name, True)
 
 
-def test_off_by_default():
-    assert fs.CASCADE_PASS is False and fs.DRAFTS_WAIT_MEMORY is False
+def test_on_by_default_without_the_memory_cap():
+    assert fs.CASCADE_PASS is True and fs.BALKING_DRAFTS is True and fs.TOKEN_FIRST_WAIT is True
+    assert fs.DRAFTS_WAIT_MEMORY is False
 
 
 @needs_shared

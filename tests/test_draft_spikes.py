@@ -1,8 +1,9 @@
 """The drafts' spike in the mixed pool's peak (`flows_splitwise._draft_spike`, issue 39).
 
-Off by default (`DRAFT_SPIKES`, with the drafting regime, the first-step wait and the
-cascade's pass it goes with); these tests switch them on for themselves, each under a
-jit of its own (the switches are read when a program is traced)."""
+On by default (`DRAFT_SPIKES`, with the drafting regime, the first-step wait and the
+cascade's pass it goes with; the thirty-second session). The tests set the switches
+they need for themselves, each under a jit of its own (the switches are read when a
+program is traced), so that they keep checking the spike if a default changes."""
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +23,8 @@ def _switch_on(monkeypatch):
         monkeypatch.setattr(fs, name, True)
 
 
-def test_off_by_default():
-    assert fs.DRAFT_SPIKES is False
+def test_on_by_default():
+    assert fs.DRAFT_SPIKES is True
 
 
 @needs_shared

@@ -1,6 +1,8 @@
 """The token machines' first-step wait (`flows_splitwise._token_first_wait`, issue 39).
 
-Off by default (`TOKEN_FIRST_WAIT`); these tests switch it on for themselves."""
+On by default (`TOKEN_FIRST_WAIT`, with the drafting regime; the thirty-second
+session); these tests set it for themselves, so that they keep checking the wait if the
+default changes."""
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +25,9 @@ def _parts(n_p, n_t, rate, monkeypatch, horizon=120.0):
     return s, fs._step1_drafting(s)
 
 
-def test_off_by_default_and_nothing_waits():
-    assert fs.TOKEN_FIRST_WAIT is False
+def test_on_by_default_and_nothing_waits_when_off(monkeypatch):
+    assert fs.TOKEN_FIRST_WAIT is True
+    monkeypatch.setattr(fs, "TOKEN_FIRST_WAIT", False)
     assert fs._token_first_wait(None, None, 1.0, None) == (0.0, 0.0, 0.0)
 
 

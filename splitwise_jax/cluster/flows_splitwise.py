@@ -55,19 +55,21 @@ from splitwise_jax.phases import kv_transfer, memory
 
 # Temperature of the smooth max(1 - rho, 0) and min(share, 1) in the drafting law.
 _DRAFT_TEMPERATURE = 0.02
-# The drafting law: the regime of a pool that drafts (`balking.balking`, issue 39), or
-# the law on the unregulated wait (`_drafted_share`, the default). The regime agrees far
-# better with our simulator near saturation but drafts fewer prompts than the reference
-# simulator at its SLO boundary, where it gave 5 false "meets" (reference timing); with
-# the token machines' first-step wait (below) 1 is left, so both are off until the
-# cascade's feedback is closed (docs/validation.md, nineteenth and twentieth sessions).
-BALKING_DRAFTS = False
+# The drafting law: the regime of a pool that drafts (`balking.balking`, issue 39; the
+# default since the thirty-second session), or the law on the unregulated wait
+# (`_drafted_share`, the default before it). The regime agrees far better with our
+# simulator near saturation; alone it drafted fewer prompts than the reference simulator
+# at its SLO boundary (5 false "meets", reference timing), so it goes with the token
+# machines' first-step wait, the cascade's pass and the drafts' spike (below), with which
+# the reference's runs keep 0 false "meets" (docs/validation.md, nineteenth to
+# thirty-second sessions).
+BALKING_DRAFTS = True
 # Drafts per token machine over the window at which the token pool has drained into the
 # mixed pool with probability 1 - 1/e (`_step2b_mixed_pool`).
 _DRAIN_DRAFTS = 6.0
-# The token machines' first-step wait (`_token_first_wait`): off by default, with the
-# drafting regime (docs/cluster.md §4 and §7).
-TOKEN_FIRST_WAIT = False
+# The token machines' first-step wait (`_token_first_wait`): on, with the drafting
+# regime (docs/cluster.md §4 and §7).
+TOKEN_FIRST_WAIT = True
 # Drafting read again at the memory-bound queue (`_step5_memory_drafting`): off. It
 # brings the drafted share of conversation prompts near saturation to the simulation's
 # and the 0.8-0.95 band's TBT P50 / P90 closer on two sets of configurations, but on the
@@ -79,12 +81,12 @@ MEMORY_DRAFTS = False
 # reference verdict, and TTFT closer on fresh configurations, but E2E P50 further
 # (docs/validation.md, twenty-second session).
 REFLECTED_OVERFLOW = False
-# The cascade's pass (`_cascade_pass`): off. Drafting read again on the prompt machines
-# the mixed pool has not taken, its extra drafts reaching token machines in the share
-# the token machines hold of the mixed pool. With the drafting regime and the first-step
-# wait it leaves no false "meets" on the reference's runs (docs/validation.md,
-# twenty-third session).
-CASCADE_PASS = False
+# The cascade's pass (`_cascade_pass`): on, with the drafting regime. Drafting read
+# again on the prompt machines the mixed pool has not taken, its extra drafts reaching
+# token machines in the share the token machines hold of the mixed pool. With the
+# drafting regime and the first-step wait it leaves no false "meets" on the reference's
+# runs (docs/validation.md, twenty-third session).
+CASCADE_PASS = True
 # Drafted prompts wait the prompt pool's KV-memory queue where the prompt machines'
 # memory is full (`_step5b_memory_waits` without step 5's drafting): off.
 DRAFTS_WAIT_MEMORY = False
@@ -100,9 +102,9 @@ WINDOW_RESERVATIONS = False
 # session). Off: the batch grows to what KV memory holds.
 BATCH_SLOTS = True
 # The mixed pool's peak counts the reservations a burst of drafts piles up on the token
-# machines (`_draft_spike`; issue 39, thirty-first session): off, with the drafting
-# regime it belongs to (docs/validation.md, thirty-first session).
-DRAFT_SPIKES = False
+# machines (`_draft_spike`; issue 39, thirty-first session): on, with the drafting
+# regime it belongs to (docs/validation.md, thirty-first and thirty-second sessions).
+DRAFT_SPIKES = True
 # Width of the smooth max(rho - 1, 0) of the slot queue's load.
 _SLOT_TEMPERATURE = 0.02
 # The reflected occupancy's search (`_overflow_share_reflected`): bisection steps in
@@ -379,10 +381,10 @@ def _drafting(s: _Setup, st_p0: PoolState, t_alone, n_pp, n_dd):
     the pool past its threshold and every machine to draft onto queued too (the
     reference then runs them on the least-loaded machine of all), and that chance.
 
-    Self-consistent: the prompts drafted away shorten the queue that drafts them. By
-    default (`_drafted_share`) the share X solves X = E[x_k(wait law at rate
-    lambda (1 - X))]. With the drafting regime (`balking.balking`, `BALKING_DRAFTS`,
-    off) class k is drafted with probability C P_k, P_k the chance that the work an
+    Self-consistent: the prompts drafted away shorten the queue that drafts them. With
+    the old law (`_drafted_share`, `BALKING_DRAFTS` off) the share X solves X =
+    E[x_k(wait law at rate lambda (1 - X))]. With the drafting regime (`balking.balking`,
+    `BALKING_DRAFTS`, the default) class k is drafted with probability C P_k, P_k the chance that the work an
     arrival finds, given that it waits, passes the class's threshold with a queue behind
     the running prompt, in the law of a queue that drafts those arrivals (large prompts
     first); X solves X = C(admitted load) sum_k w_k P_k (1 - full(X)), the admitted
@@ -465,7 +467,7 @@ def _steps_2_to_4(s: _Setup, d: _Drafting):
 
 
 def _cascade_pass(s: _Setup, d: _Drafting, n_mixed, pools: _Pools) -> _Drafting:
-    """The cascade's feedback on drafting (`CASCADE_PASS`, off; docs/cluster.md §4).
+    """The cascade's feedback on drafting (`CASCADE_PASS`, on; docs/cluster.md §4).
 
     A prompt machine that took a moved decode has left the prompt pool, so the pool's
     least-loaded machine is chosen among n_p - n_mixed, passes the threshold more often
@@ -596,7 +598,7 @@ def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
     few ever empty: their number ratchets up to what the peak overflow needed, the
     reservations' peak over the horizon, mean plus sd sqrt(2 ln(1 + T / tau)) (tau the
     memory-weighted sojourn, the shot noise's correlation time), plus the drafts' spike
-    where `DRAFT_SPIKES` is on (off), less the token pool's memory. At most 4/5 of the
+    where `DRAFT_SPIKES` is on (the default), less the token pool's memory. At most 4/5 of the
     prompt pool, so that some is left to draft from.
 
     The drained token pool (docs/cluster.md §4, "The cascade"). A token machine that
@@ -622,7 +624,7 @@ def _step2b_mixed_pool(s: _Setup, d: _Drafting, r: _Reservations):
 
 def _draft_spike(s: _Setup, d: _Drafting, r: _Reservations):
     """The KV reservations a burst of drafts adds to the token pool at once, over the
-    mean (`DRAFT_SPIKES`, off; docs/cluster.md §4, "The cascade").
+    mean (`DRAFT_SPIKES`, on; docs/cluster.md §4, "The cascade").
 
     Drafts come when the prompt queue spikes, so the token machines take theirs together
     (our simulator, Splitwise-HH 20 + 4 on coding at 60 req/s: each prompt machine that
