@@ -249,8 +249,8 @@ _FORMER_VIOLATIONS = [
     ("baseline-h100", "conversation", "prompt-", [47.9437, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246],
      [44.584, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246]),
     # Monotone again since the drafting regime became the default (thirty-second
-    # session; its strict xfail passed). Before it, monotone from the eleventh session (flows_splitwise._after_onset) until the
-    # thirteenth's decode residual (pool.pool_state_at: a prompt reaching a decoding
+    # session; its strict xfail passed). Before it, monotone from the eleventh session
+    # (flows_splitwise._after_onset) until the thirteenth's decode residual (pool.pool_state_at: a prompt reaching a decoding
     # machine waits t_d / 2 whatever the prompt load). At this corner (a 4 MB/s KV link)
     # the mixed prompt machines hold moved decodes with a 74 ms iteration, so their
     # prompts wait 37 ms, while a prompt drafted onto the nearly idle token pool waits

@@ -384,8 +384,8 @@ def _drafting(s: _Setup, st_p0: PoolState, t_alone, n_pp, n_dd):
     Self-consistent: the prompts drafted away shorten the queue that drafts them. With
     the old law (`_drafted_share`, `BALKING_DRAFTS` off) the share X solves X =
     E[x_k(wait law at rate lambda (1 - X))]. With the drafting regime (`balking.balking`,
-    `BALKING_DRAFTS`, the default) class k is drafted with probability C P_k, P_k the chance that the work an
-    arrival finds, given that it waits, passes the class's threshold with a queue behind
+    `BALKING_DRAFTS`, the default) class k is drafted with probability C P_k, P_k the
+    chance that the work an arrival finds, given that it waits, passes the class's threshold with a queue behind
     the running prompt, in the law of a queue that drafts those arrivals (large prompts
     first); X solves X = C(admitted load) sum_k w_k P_k (1 - full(X)), the admitted
     load lambda sum_k w_k (1 - x_k) s_k / c with x_k proportional to P_k. Either way a
