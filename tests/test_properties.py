@@ -250,8 +250,9 @@ _FORMER_VIOLATIONS = [
      [44.584, 28.7921, 0.8935, 0.5931, 18.5173, 559.3246]),
     # Monotone again since the drafting regime became the default (thirty-second
     # session; its strict xfail passed). Before it, monotone from the eleventh session
-    # (flows_splitwise._after_onset) until the thirteenth's decode residual (pool.pool_state_at: a prompt reaching a decoding
-    # machine waits t_d / 2 whatever the prompt load). At this corner (a 4 MB/s KV link)
+    # (flows_splitwise._after_onset) until the thirteenth's decode residual
+    # (pool.pool_state_at: a prompt reaching a decoding machine waits t_d / 2 whatever the
+    # prompt load). At this corner (a 4 MB/s KV link)
     # the mixed prompt machines hold moved decodes with a 74 ms iteration, so their
     # prompts wait 37 ms, while a prompt drafted onto the nearly idle token pool waits
     # 4 ms; from 107 to 301 req/s the drafted share of the smallest class rises from 3 %
